@@ -1,0 +1,137 @@
+"""Configuration as frozen dataclasses, built once at the edge (CLI, ``LLM(...)``) and passed down."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+
+
+class ConfigError(ValueError):
+    """A configuration a user gave (or a checkpoint carries) that swiftlm cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The shape of a Qwen3 dense decoder, read from a checkpoint's ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    architecture: str = "Qwen3ForCausalLM"
+    torch_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(
+                f"architecture {self.architecture!r} is not supported; swiftlm supports "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None:  # newer transformers nest it under rope_parameters
+            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            architecture=archs[0],
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        )
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
+        return cls.from_dict(json.loads(path.read_text()))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The paged KV cache: block size and how much memory its pools may take."""
+
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; None: a fraction of available memory
+    memory_fraction: float = 0.3
+    num_blocks: int | None = None  # overrides both of the above (tests)
+    enable_prefix_caching: bool = True
+    session_ttl: float = 600.0  # seconds an idle session keeps its KV
+    max_session_tokens: int | None = None  # global budget of pinned session tokens; None: half the pool
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
+        if not 0.0 < self.memory_fraction <= 0.95:
+            raise ConfigError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ConfigError(f"num_blocks must be at least 2 (one is the null block), got {self.num_blocks}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Continuous batching limits and admission control."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 8192
+    max_queued_requests: int = 256
+    max_queue_wait: float | None = None  # seconds a request may wait before it is refused
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_queued_requests < 0:
+            raise ConfigError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    dtype: str = "auto"
+    device: str = "cpu"
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,357 @@
+"""Engine: the step loop. schedule -> execute -> update (append, stop checks, free, emit deltas)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from swiftlm.cache.kv_manager import KVCacheManager
+from swiftlm.config import EngineConfig
+from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+from swiftlm.engine.request import FinishReason, Request
+from swiftlm.engine.sampler import SamplingRow
+from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
+from swiftlm.model.loader import load_model, resolve_model_dir
+from swiftlm.platform import resolve_dtype
+from swiftlm.runner.kv_cache import KVCache, num_blocks_for
+from swiftlm.runner.runner import ModelRunner, SampledToken
+from swiftlm.sampling import SamplingParams
+from swiftlm.text.detokenizer import IncrementalDetokenizer
+from swiftlm.text.stop import StopStringMatcher
+from swiftlm.text.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine refuses as given (the server answers 400)."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Per-sequence output state: text so far and what has not been emitted yet."""
+
+    request: Request
+    parent_id: str
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher | None
+    text: str = ""
+    new_text: str = ""
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[dict[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_sessions: int
+    num_preemptions: int
+
+
+class Engine:
+    """Owns the model, the KV cache, the scheduler and every request's output stream.
+
+    Not thread-safe: ``AsyncEngine`` serialises access from its loop thread.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, config.device)
+        t0 = time.perf_counter()
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.model = load_model(self.model_dir, self.dtype, config.device)
+        self.load_seconds = time.perf_counter() - t0
+        mcfg = self.model.config
+        self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)
+        cache = config.cache
+        sched = config.scheduler
+        useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
+        num_blocks = num_blocks_for(mcfg, cache, self.model.lm_head.weight.dtype, useful_tokens)
+        self.kv_cache = KVCache(mcfg, num_blocks, cache.block_size, self.model.lm_head.weight.dtype, config.device)
+        self.kv = KVCacheManager(
+            num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(self.model, self.kv_cache, config.device)
+        self._parents: dict[str, _Parent] = {}
+        self._streams: dict[int, _Stream] = {}  # id(request) -> stream
+        ids = [i for i in (self.tokenizer.think_end_id,) if i is not None]
+        self._think_end_ids = tuple(ids + self.tokenizer.encode("\n\n")) if ids else ()
+        start = self.tokenizer.think_start_id
+        self._think_start_ids = (start, *self.tokenizer.encode("\n\n")) if start is not None else ()
+        logger.info(
+            "engine ready: %s dtype=%s blocks=%d x %d tokens, max_model_len=%d, load %.2fs",
+            self.model_dir, self.dtype, num_blocks, cache.block_size, self.max_model_len, self.load_seconds,
+        )
+
+    # -- requests in ------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        session_id: str | None = None,
+        prompt: str | None = None,
+        thinking: bool = False,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request (``n`` sequences). Raises RequestError or QueueFullError."""
+        if request_id in self._parents:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        ids = list(prompt_token_ids)
+        self._validate(ids, params)
+        now = time.monotonic() if arrival_time is None else arrival_time
+        eos = frozenset(() if params.ignore_eos else self.tokenizer.eos_token_ids)
+        children: list[Request] = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                child_params = params.with_updates(seed=params.seed + i)
+            child = Request(
+                request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
+                prompt_token_ids=ids,
+                sampling_params=child_params,
+                arrival_time=now,
+                eos_token_ids=eos | frozenset(params.stop_token_ids),
+                session_id=session_id if i == 0 else None,
+                prompt=prompt,
+                index=i,
+                wait_for=children[0] if i > 0 and self.kv.prefix_cache.enabled else None,
+                thinking=thinking and params.thinking_budget is not None,
+                think_end_ids=self._think_end_ids,
+                think_start_ids=self._think_start_ids,
+            )
+            children.append(child)
+        for k, child in enumerate(children):
+            try:
+                self.scheduler.add_request(child)
+            except Exception:
+                for added in children[:k]:
+                    self.scheduler.finish(added, FinishReason.ABORT)
+                raise
+        for child in children:
+            stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+            self._streams[id(child)] = _Stream(child, request_id, detok, stops)
+        self._parents[request_id] = _Parent(request_id, prompt, ids, children)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad} is outside the vocabulary of {vocab}")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; the context window is {self.max_model_len} tokens "
+                "and at least one must be left to generate"
+            )
+        room = self.max_model_len - len(ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise RequestError(
+                f"max_tokens {params.max_tokens} exceeds the context window of {self.max_model_len} "
+                f"minus the prompt's {len(ids)} tokens"
+            )
+        need = -(-(len(ids) + (params.max_tokens or room)) // self.kv.block_size)
+        if need > self.kv.pool.num_usable_blocks:
+            raise RequestError(
+                f"the prompt and max_tokens need {need} KV blocks but the cache has only "
+                f"{self.kv.pool.num_usable_blocks}; lower max_tokens or give the KV cache more memory"
+            )
+        for tid in (*params.logit_bias, *params.stop_token_ids):
+            if not 0 <= tid < vocab:
+                raise RequestError(f"token id {tid} is outside the vocabulary of {vocab}")
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request at once and free its blocks. Returns its final output, if it existed."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            return None
+        for child in parent.children:
+            self.scheduler.finish(child, FinishReason.ABORT)
+        return self._emit(parent, parent.children)
+
+    def close_session(self, session_id: str) -> bool:
+        return self.kv.sessions.close(session_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._parents)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.usage,
+            prefix_cache_queries=self.kv.prefix_cache.queries,
+            prefix_cache_hits=self.kv.prefix_cache.hits,
+            num_sessions=len(self.kv.sessions),
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return an output delta for every request with news."""
+        now = time.monotonic()
+        self.kv.sessions.expire(now)
+        plan = self.scheduler.schedule()
+        touched: list[Request] = []
+        for request in plan.timed_out:
+            request.error = request.error or "queue_timeout"
+            touched.append(request)
+        if plan:
+            touched.extend(self._execute(plan))
+        return self._collect(touched)
+
+    def _execute(self, plan: SchedulerOutput) -> list[Request]:
+        rows = [self._sampling_row(s.request) for s in plan.scheduled if s.samples]
+        try:
+            results = self.runner.execute(plan, rows)
+        except Exception as exc:  # a failed step fails its requests, not the engine
+            logger.exception("model step failed")
+            for s in plan.scheduled:
+                s.request.error = f"internal error: {exc}"
+                self.scheduler.finish(s.request, FinishReason.ERROR)
+            return [s.request for s in plan.scheduled]
+        now = time.monotonic()
+        touched = []
+        for s, result in zip(plan.scheduled, results, strict=True):
+            request = s.request
+            request.num_computed_tokens += s.num_new_tokens
+            request.metrics.num_computed_prompt_tokens += min(
+                s.num_new_tokens, max(0, request.num_prompt_tokens - (request.num_computed_tokens - s.num_new_tokens))
+            )
+            self.kv.register_computed(request)
+            if result is not None:
+                self._append(request, result, now)
+                touched.append(request)
+        return touched
+
+    def _sampling_row(self, request: Request) -> SamplingRow:
+        params = request.sampling_params
+        banned: tuple[int, ...] = ()
+        if request.num_output_tokens < params.min_tokens:
+            banned = tuple(request.eos_token_ids)
+        if request.thinking and not request.thinking_closed and not request.forced_tokens:
+            budget = params.thinking_budget or 0
+            if request.num_output_tokens >= budget:
+                opened = request.num_output_tokens > 0
+                request.forced_tokens.extend(request.think_end_ids if opened else
+                                             (*request.think_start_ids, *request.think_end_ids))
+        forced = request.forced_tokens.popleft() if request.forced_tokens else None
+        return SamplingRow(
+            params=params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            generator=request.generator,
+            banned_token_ids=banned,
+            forced_token_id=forced,
+        )
+
+    def _append(self, request: Request, result: SampledToken, now: float) -> None:
+        token = result.token_id
+        request.append_output(token)
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        if request.think_end_ids and token == request.think_end_ids[0]:
+            request.thinking_closed = True
+        stream = self._streams[id(request)]
+        stream.new_token_ids.append(token)
+        if result.logprobs is not None:
+            stream.new_logprobs.append(result.logprobs)
+            request.cumulative_logprob += result.logprobs[token]
+        params = request.sampling_params
+        if token in request.eos_token_ids and request.num_output_tokens > params.min_tokens:
+            request.stop_reason = token
+            self.scheduler.finish(request, FinishReason.STOP, now)
+            return
+        delta = stream.detokenizer.add(token)
+        if stream.stops is not None:
+            delta, stopped = stream.stops.feed(delta)
+            if stopped:
+                stream.new_text += delta
+                request.stop_reason = stream.stops.matched_stop
+                self.scheduler.finish(request, FinishReason.STOP, now)
+                return
+        stream.new_text += delta
+        if (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens) or (
+            request.num_tokens >= self.max_model_len
+        ):
+            self.scheduler.finish(request, FinishReason.LENGTH, now)
+
+    def _collect(self, touched: list[Request]) -> list[RequestOutput]:
+        by_parent: dict[str, list[Request]] = {}
+        for request in touched:
+            stream = self._streams.get(id(request))
+            if stream is not None:
+                by_parent.setdefault(stream.parent_id, []).append(request)
+        outputs = []
+        for parent_id, children in by_parent.items():
+            parent = self._parents.get(parent_id)
+            if parent is not None:
+                outputs.append(self._emit(parent, children))
+        return outputs
+
+    @staticmethod
+    def _final_text(stream: _Stream) -> str:
+        """What the detokenizer and the stop matcher still hold when a sequence ends."""
+        stops = stream.stops
+        if stops is not None and stops.stopped:
+            return ""  # cut at the stop string: nothing after it is emitted
+        tail = stream.detokenizer.flush()
+        if stops is None:
+            return tail
+        tail = stops.feed(tail)[0]
+        return tail if stops.stopped else tail + stops.flush()
+
+    def _emit(self, parent: _Parent, children: list[Request]) -> RequestOutput:
+        completions = []
+        for child in children:
+            stream = self._streams[id(child)]
+            if child.is_finished and child.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+                stream.new_text += self._final_text(stream)
+            stream.text += stream.new_text
+            completions.append(
+                CompletionOutput(
+                    index=child.index,
+                    text=stream.new_text,
+                    token_ids=stream.new_token_ids,
+                    cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
+                    logprobs=stream.new_logprobs if child.sampling_params.logprobs is not None else None,
+                    finish_reason=child.finish_reason.value if child.finish_reason else None,
+                    stop_reason=child.stop_reason,
+                )
+            )
+            stream.new_text, stream.new_token_ids, stream.new_logprobs = "", [], []
+        finished = all(c.is_finished for c in parent.children)
+        lead = parent.children[0]
+        error = next((c.error for c in children if c.error), None)
+        if finished:
+            del self._parents[parent.request_id]
+            for c in parent.children:
+                self._streams.pop(id(c), None)
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            num_cached_tokens=max(0, lead.num_cached_tokens),
+            metrics=lead.metrics,
+            error=error,
+        )

@@ -1,0 +1,344 @@
+"""Sampler: turns one step's logits into one token per request, vectorised over the batch.
+
+Pipeline for a batch of B rows over a vocabulary of V tokens (each stage runs only on the rows
+that need it, and is skipped entirely when no row does):
+
+    logits [B, V]
+      -> + logit_bias, banned ids -> -inf
+      -> repetition penalty (prompt + output tokens), frequency / presence penalty (output tokens)
+      == processed logits                      -> logprobs = log_softmax(processed)  (rows that ask)
+      -> greedy rows: argmax
+      -> sampled rows: / temperature -> top-k -> top-p -> min-p -> exponential race (per-row seeds)
+      -> forced rows: the forced id
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swiftlm.sampling import SamplingParams
+
+_MIN_EXPONENTIAL = 1e-30  # Exp(1) draws are clamped away from 0 so that log E is finite
+_NUCLEUS_CANDIDATES = (1024, 32768)  # top-p-only rows look for their nucleus among these many tokens
+_NUCLEUS_MARGIN = 1e-4  # rounding allowance when deciding that those tokens hold the nucleus
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """One row of the batch: one request at this step.
+
+    ``generator`` is the request's own generator when ``params.seed`` is set (it must live on the
+    logits' device). A sampled step draws one uniform from it per candidate token (V without
+    top-k / top-p), a greedy or forced step none, whatever else is in the batch.
+    ``banned_token_ids`` get logit -inf (the engine uses it for EOS while ``min_tokens`` is not
+    reached). ``forced_token_id`` is returned as the token, with its logprob under the processed
+    logits.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None
+    banned_token_ids: Sequence[int] = ()
+    forced_token_id: int | None = None
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """``logprobs[i]`` is NaN and ``top_logprobs[i]`` is None for rows whose ``params.logprobs``
+    is None; both fields are None when no row asked."""
+
+    token_ids: list[int]  # [B]
+    logprobs: list[float] | None  # [B]
+    top_logprobs: list[list[tuple[int, float]] | None] | None  # [B] x k
+
+
+class Sampler:
+    """Chooses one token per row.
+
+    Logprob semantics: the logprobs returned (sampled token and top-k) are
+    ``log_softmax`` of the *processed* logits, i.e. after logit_bias, banned ids and the
+    repetition / frequency / presence penalties, but *before* temperature, top-k, top-p and
+    min-p. They therefore do not depend on the sampling temperature or truncation, greedy and
+    sampled rows report on the same scale, and a banned token's logprob is -inf.
+
+    Top-k keeps every token tied with the k-th largest logit (as vLLM); greedy ties go to the
+    lowest token id. Seeded rows draw their randomness only from their own generator, over
+    candidates in an order fixed by their own logits (logit descending, then id ascending), so a
+    seeded request yields the same tokens alone or in any batch, even with tied bf16 logits.
+    Rows without a generator draw from torch's default RNG.
+    """
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        batch, vocab = logits.shape  # [B, V]
+        if batch != len(rows):
+            raise ValueError(f"logits have {batch} rows but {len(rows)} sampling rows were given")
+        device = logits.device
+        x = _process_logits(logits, rows)  # [B, V] float32; a copy if anything was applied
+
+        greedy = [i for i, r in enumerate(rows) if r.forced_token_id is None and r.params.greedy]
+        sampled = [i for i, r in enumerate(rows) if r.forced_token_id is None and not r.params.greedy]
+        forced = [i for i, r in enumerate(rows) if r.forced_token_id is not None]
+
+        if len(greedy) == batch:  # fast path: the all-greedy batch is one argmax
+            tokens = x.max(dim=-1).indices  # [B]; max is ~3x faster than argmax on CPU, same ties
+        else:
+            tokens = torch.empty(batch, dtype=torch.long, device=device)  # [B]
+            if greedy:
+                tokens[torch.tensor(greedy, device=device)] = _rows_of(x, greedy).max(dim=-1).indices
+            if sampled:
+                tokens[torch.tensor(sampled, device=device)] = _sample(x, rows, sampled)
+            if forced:
+                forced_ids = [t for r in rows if (t := r.forced_token_id) is not None]
+                if not all(0 <= t < vocab for t in forced_ids):
+                    raise ValueError(f"forced token ids {forced_ids} must be in [0, {vocab})")
+                tokens[torch.tensor(forced, device=device)] = torch.tensor(forced_ids, device=device)
+
+        token_ids: list[int] = tokens.tolist()
+        logprobs, top_logprobs = _logprobs(x, rows, tokens)
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def _process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Logit bias, bans and penalties, in float32. Returns ``logits`` itself when nothing applies
+    and it is float32 already, else a copy."""
+    vocab = logits.shape[1]
+    device = logits.device
+    bias = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
+    bans = [(i, t) for i, r in enumerate(rows) for t in r.banned_token_ids]
+    penalised = [i for i, r in enumerate(rows) if _has_penalty(r)]
+    if not (bias or bans or penalised):
+        return logits.float()
+    x = logits.to(torch.float32, copy=True)
+    if bias:
+        bad = [t for _, t, _ in bias if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary of {vocab}")
+        row_idx, tok_idx, values = zip(*bias, strict=True)
+        x.index_put_(
+            (torch.tensor(row_idx, device=device), torch.tensor(tok_idx, device=device)),
+            torch.tensor(values, dtype=x.dtype, device=device),
+            accumulate=True,
+        )
+    if bans:
+        row_idx, tok_idx = zip(*bans, strict=True)
+        x.index_put_(
+            (torch.tensor(row_idx, device=device), torch.tensor(tok_idx, device=device)),
+            torch.tensor(-math.inf, dtype=x.dtype, device=device),
+        )
+    if penalised:
+        _apply_penalties(x, penalised, [rows[i] for i in penalised])
+    return x
+
+
+def _has_penalty(row: SamplingRow) -> bool:
+    """Whether a penalty is set and there is a token for it to act on."""
+    p = row.params
+    if p.repetition_penalty != 1.0 and (row.prompt_token_ids or row.output_token_ids):
+        return True
+    return (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and bool(row.output_token_ids)
+
+
+def _apply_penalties(x: torch.Tensor, index: Sequence[int], rows: Sequence[SamplingRow]) -> None:
+    """Repetition penalty over prompt + output tokens (HF / vLLM: positive logits are divided,
+    others multiplied), then OpenAI frequency and presence penalties over output tokens, on
+    rows ``index`` of ``x`` [B, V] in place. Only the tokens that occurred are read and written."""
+    token_lists: list[list[int]] = []
+    count_lists: list[list[int]] = []
+    for row in rows:
+        occurrences = Counter(row.output_token_ids)
+        if row.params.repetition_penalty != 1.0:  # prompt-only tokens: repetition, count 0
+            occurrences.update(dict.fromkeys(set(row.prompt_token_ids) - occurrences.keys(), 0))
+        token_lists.append(list(occurrences.keys()))
+        count_lists.append(list(occurrences.values()))
+    # Pad each row by repeating its first token: a repeated token is written the same value twice.
+    width = max(len(t) for t in token_lists)
+    device, dtype = x.device, x.dtype
+    ids = torch.tensor([t + t[:1] * (width - len(t)) for t in token_lists], device=device)  # [P, U]
+    counts = torch.tensor([c + c[:1] * (width - len(c)) for c in count_lists], dtype=dtype, device=device)
+    row_ids = torch.tensor(index, device=device).unsqueeze(1)  # [P, 1]
+
+    repetition = _column([r.params.repetition_penalty for r in rows], x)  # [P, 1]
+    frequency = _column([r.params.frequency_penalty for r in rows], x)  # [P, 1]
+    presence = _column([r.params.presence_penalty for r in rows], x)  # [P, 1]
+    logits = x[row_ids, ids]  # [P, U]
+    logits = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits -= frequency * counts + presence * (counts > 0).to(dtype)
+    x[row_ids, ids] = logits
+
+
+def _column(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    """One value per row as an [R, 1] tensor with ``like``'s dtype and device."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)
+
+
+def _rows_of(x: torch.Tensor, index: Sequence[int]) -> torch.Tensor:
+    """``x[index]`` for ascending row indices; ``x`` itself when that is every row. The result
+    may alias ``x``: callers never modify it in place."""
+    if len(index) == x.shape[0]:
+        return x
+    return x[torch.tensor(index, device=x.device)]
+
+
+def _sample(x: torch.Tensor, rows: Sequence[SamplingRow], index: Sequence[int]) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then one draw for each row in ``index`` (ascending) of
+    the processed logits ``x`` [B, V]. Returns [len(index)] token ids.
+
+    Rows with top-k or top-p sample among candidate tokens, in a canonical order (logit
+    descending, then token id ascending) that does not depend on the batch, even with equal
+    logits; the other rows sample over the whole vocabulary in token id order.
+    """
+    vocab = x.shape[1]
+    truncated = [0 < rows[i].params.top_k < vocab or rows[i].params.top_p < 1.0 for i in index]
+    tokens = torch.empty(len(index), dtype=torch.long, device=x.device)  # [S]
+    for want in (True, False):
+        group = [j for j in range(len(index)) if truncated[j] == want]
+        if group:
+            group_index = [index[j] for j in group]
+            sample = _sample_candidates if want else _sample_vocabulary
+            tokens[torch.tensor(group, device=x.device)] = sample(
+                _rows_of(x, group_index), [rows[i] for i in group_index]
+            )
+    return tokens
+
+
+def _sample_vocabulary(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Rows without top-k / top-p. ``x`` [R, V] is not modified; returns [R] token ids."""
+    values = x / _column([r.params.temperature for r in rows], x)  # [R, V]
+    _apply_min_p(values, rows)
+    return _race(values, rows, [x.shape[1]] * len(rows))
+
+
+def _sample_candidates(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Rows with top-k and / or top-p. ``x`` [R, V] is not modified; returns [R] token ids.
+
+    Candidates are the tokens whose logit is >= a threshold: the k-th largest logit for top-k
+    rows (ties at the k-th are all kept, as in vLLM), else a logit high enough for the
+    candidates to hold the row's nucleus (see ``_nucleus_threshold``).
+    """
+    n, vocab, device = x.shape[0], x.shape[1], x.device
+    temperature = _column([r.params.temperature for r in rows], x)  # [R, 1]
+    top_p = _column([r.params.top_p for r in rows], x)  # [R, 1]
+    by_k = [j for j, r in enumerate(rows) if 0 < r.params.top_k < vocab]
+    by_p = [j for j, r in enumerate(rows) if not 0 < r.params.top_k < vocab]
+    threshold = torch.empty(n, 1, dtype=x.dtype, device=device)  # [R, 1]
+    log_total = torch.zeros(n, 1, dtype=x.dtype, device=device)  # [R, 1]; for top-p-only rows
+    if by_k:
+        k = torch.tensor([rows[j].params.top_k for j in by_k], device=device).unsqueeze(1)  # [Rk, 1]
+        largest = _rows_of(x, by_k).topk(int(k.max()), dim=-1).values  # [Rk, K], descending
+        threshold[torch.tensor(by_k, device=device)] = largest.gather(1, k - 1)
+    if by_p:
+        p = torch.tensor(by_p, device=device)
+        threshold[p], log_total[p] = _nucleus_threshold(_rows_of(x, by_p), temperature[p], top_p[p])
+
+    values, ids, counts = _candidates(x, threshold)  # [R, M] each
+    values.div_(temperature)
+    if bool((top_p < 1.0).any()):
+        # Keep the smallest prefix whose mass reaches top_p (the first token: mass_before 0). The
+        # mass is renormalised over the top-k candidates, or taken over the whole row without top-k.
+        log_norm = values.logsumexp(dim=-1, keepdim=True)  # [R, 1]
+        if by_p:
+            log_norm[p] = log_total[p]
+        probs = (values - log_norm).exp()  # [R, M]
+        mass_before = probs.cumsum(dim=-1) - probs  # [R, M]: mass of the candidates before each
+        values.masked_fill_((mass_before >= top_p) & (top_p < 1.0), -math.inf)  # rounding: keep top_p 1
+    _apply_min_p(values, rows)
+    return ids.gather(1, _race(values, rows, counts).unsqueeze(1)).squeeze(1)
+
+
+def _nucleus_threshold(
+    x: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For top-p rows without top-k, [R, V]: a logit threshold [R, 1] whose candidates hold each
+    row's nucleus, and log of the row's total mass after temperature [R, 1]. The threshold is
+    the n-th largest logit for the first n in ``_NUCLEUS_CANDIDATES`` whose n largest tokens hold
+    top_p of the mass, else -inf (the whole row: a full sort, for near-uniform rows only)."""
+    vocab, device = x.shape[1], x.device
+    log_total = (x / temperature).logsumexp(dim=-1, keepdim=True)  # [R, 1]
+    threshold = torch.full_like(log_total, -math.inf)  # [R, 1]
+    todo = torch.arange(x.shape[0], device=device)  # rows whose nucleus is not yet bracketed
+    for n in _NUCLEUS_CANDIDATES:
+        if n >= vocab or todo.numel() == 0:
+            break
+        largest = x[todo].topk(n, dim=-1).values  # [T, n], descending
+        held = (largest / temperature[todo] - log_total[todo]).exp().sum(dim=-1)  # [T]
+        found = held >= top_p[todo].squeeze(1) + _NUCLEUS_MARGIN  # [T]
+        threshold[todo[found]] = largest[found, -1:]
+        todo = todo[~found]
+    return threshold, log_total
+
+
+def _candidates(x: torch.Tensor, threshold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Tokens with ``x >= threshold`` per row, as values and ids [R, M] in canonical order
+    (value descending, id ascending; padded with -inf), and each row's count."""
+    n, device = x.shape[0], x.device
+    row, token = (x >= threshold).nonzero(as_tuple=True)  # [C] each, ids ascending within a row
+    counts = torch.bincount(row, minlength=n)  # [R]
+    # Slot of each kept token within its row: its index minus where its row starts.
+    slot = torch.arange(token.numel(), device=device) - (counts.cumsum(0) - counts)[row]  # [C]
+    width = int(counts.max())
+    values = torch.full((n, width), -math.inf, dtype=x.dtype, device=device)  # [R, M]
+    ids = torch.zeros(n, width, dtype=torch.long, device=device)  # [R, M]
+    values[row, slot] = x[row, token]
+    ids[row, slot] = token
+    values, order = values.sort(dim=-1, descending=True, stable=True)  # ties keep ascending ids
+    return values, ids.gather(1, order), counts.tolist()
+
+
+def _apply_min_p(values: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+    """Drop tokens whose probability is below min_p times the largest, in place on [R, W]."""
+    min_p = [r.params.min_p for r in rows]
+    if any(m > 0.0 for m in min_p):
+        # prob < min_p * max_prob  <=>  logit < max_logit + log(min_p); log(0) = -inf keeps all.
+        log_min_p = _column(min_p, values).log()  # [R, 1]
+        values.masked_fill_(values < values.amax(dim=-1, keepdim=True) + log_min_p, -math.inf)
+
+
+def _race(values: torch.Tensor, rows: Sequence[SamplingRow], widths: Sequence[int]) -> torch.Tensor:
+    """Exponential race: argmax(log p - log E) with E ~ Exp(1) i.i.d. picks column c of
+    ``values`` [R, W] (unnormalised log-probabilities) with probability p_c. Row j uses only its
+    first ``widths[j]`` columns; the rest must be -inf. Modifies ``values``; returns [R]."""
+    uniform = torch.empty_like(values)  # [R, W]
+    if all(r.generator is None for r in rows):
+        uniform.uniform_()
+    else:
+        for j, row in enumerate(rows):
+            # A seeded row draws exactly widths[j] uniforms, fixed by its own params and logits,
+            # so its generator advances the same way in any batch. In place, row by row: a fresh
+            # tensor per row costs ~10x more on CPU (page faults).
+            uniform[j, : widths[j]].uniform_(generator=row.generator)
+            uniform[j, widths[j] :] = 0.0
+    # E = -log(1 - U), kept away from 0 so that log E is finite.
+    log_e = uniform.neg_().log1p_().neg_().clamp_min_(_MIN_EXPONENTIAL).log_()
+    return values.sub_(log_e).max(dim=-1).indices
+
+
+def _logprobs(
+    x: torch.Tensor, rows: Sequence[SamplingRow], tokens: torch.Tensor
+) -> tuple[list[float] | None, list[list[tuple[int, float]] | None] | None]:
+    """Sampled-token and top-k logprobs under the processed logits ``x`` [B, V], for rows that ask."""
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not wanted:
+        return None, None
+    logprobs = _rows_of(x, wanted).log_softmax(dim=-1)  # [W, V]
+    chosen_ids = tokens[torch.tensor(wanted, device=x.device)].unsqueeze(1)  # [W, 1]
+    chosen = logprobs.gather(1, chosen_ids).squeeze(1).tolist()  # [W]
+    max_k = max(rows[i].params.logprobs or 0 for i in wanted)
+    top_values: list[list[float]] = [[] for _ in wanted]
+    top_ids: list[list[int]] = [[] for _ in wanted]
+    if max_k > 0:
+        top = logprobs.topk(max_k, dim=-1)  # [W, max_k], descending
+        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+
+    sampled_lp: list[float] = [math.nan] * len(rows)
+    top_lp: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    for j, i in enumerate(wanted):
+        k = rows[i].params.logprobs or 0
+        sampled_lp[i] = chosen[j]
+        top_lp[i] = list(zip(top_ids[j][:k], top_values[j][:k], strict=True))
+    return sampled_lp, top_lp

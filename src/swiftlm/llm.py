@@ -1,0 +1,135 @@
+"""LLM: the offline API. Submits all prompts to the engine at once and steps until they finish."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import count
+from typing import Any
+
+from tqdm import tqdm
+
+from swiftlm.config import CacheConfig, EngineConfig, SchedulerConfig
+from swiftlm.engine.engine import Engine
+from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+from swiftlm.sampling import SamplingParams
+
+Prompt = str | dict[str, Any]
+_CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
+_SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
+_PROGRESS_MIN = 16  # show a progress bar from this many prompts on
+
+
+def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs: Any) -> EngineConfig:
+    """Split flat keyword arguments (vLLM style) into the engine's config dataclasses."""
+    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed"}
+    if unknown:
+        raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
+    cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in _CACHE_KEYS})
+    sched = SchedulerConfig(**{k: v for k, v in kwargs.items() if k in _SCHED_KEYS})
+    return EngineConfig(model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0), cache=cache, scheduler=sched)
+
+
+class LLM:
+    """``LLM(model, dtype, device, **engine_kwargs)`` with ``generate`` and ``chat``.
+
+    Engine keyword arguments are the fields of CacheConfig and SchedulerConfig, e.g.
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_blocks``.
+    """
+
+    def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", **engine_kwargs: Any) -> None:
+        self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = count()
+
+    def default_sampling_params(self) -> SamplingParams:
+        return SamplingParams.from_generation_config(self.tokenizer.generation_defaults)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+        session_ids: Sequence[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        batch = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        if sampling_params is None:
+            params_list = [self.default_sampling_params()] * len(batch)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(batch)
+        else:
+            params_list = list(sampling_params)
+        ids = []
+        for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
+            text, token_ids = self._prompt_ids(prompt)
+            rid = str(next(self._ids))
+            session = session_ids[i] if session_ids else None
+            thinking = bool(prompt.get("thinking")) if isinstance(prompt, dict) else False
+            self.engine.add_request(rid, token_ids, params, session_id=session, prompt=text, thinking=thinking)
+            ids.append(rid)
+        return self._run(ids, use_tqdm if use_tqdm is not None else len(ids) >= _PROGRESS_MIN)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        sampling_params: SamplingParams | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        session_id: str | None = None,
+    ) -> RequestOutput:
+        kwargs = dict(chat_template_kwargs or {})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools, **kwargs)
+        thinking = kwargs.get("enable_thinking", True) is not False
+        prompt = {"prompt": text, "thinking": thinking}
+        return self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
+
+    def close_session(self, session_id: str) -> bool:
+        return self.engine.close_session(session_id)
+
+    def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+
+    def _run(self, request_ids: list[str], show_progress: bool) -> list[RequestOutput]:
+        finals: dict[str, RequestOutput] = {}
+        merged: dict[str, dict[int, CompletionOutput]] = {rid: {} for rid in request_ids}
+        bar = tqdm(total=len(request_ids), desc="generate", disable=not show_progress)
+        pending = set(request_ids)
+        while pending:
+            for out in self.engine.step():
+                if out.request_id not in merged:
+                    continue
+                seqs = merged[out.request_id]
+                for delta in out.outputs:
+                    _merge(seqs, delta)
+                if out.finished:
+                    out.outputs = [seqs[i] for i in sorted(seqs)]
+                    finals[out.request_id] = out
+                    pending.discard(out.request_id)
+                    bar.update(1)
+        bar.close()
+        return [finals[rid] for rid in request_ids]
+
+
+def _merge(seqs: dict[int, CompletionOutput], delta: CompletionOutput) -> None:
+    acc = seqs.get(delta.index)
+    if acc is None:
+        seqs[delta.index] = CompletionOutput(
+            index=delta.index,
+            text=delta.text,
+            token_ids=list(delta.token_ids),
+            cumulative_logprob=delta.cumulative_logprob,
+            logprobs=list(delta.logprobs) if delta.logprobs is not None else None,
+            finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason,
+        )
+        return
+    acc.text += delta.text
+    acc.token_ids.extend(delta.token_ids)
+    if acc.logprobs is not None and delta.logprobs is not None:
+        acc.logprobs.extend(delta.logprobs)
+    acc.cumulative_logprob = delta.cumulative_logprob
+    acc.finish_reason = delta.finish_reason
+    acc.stop_reason = delta.stop_reason

@@ -1,0 +1,138 @@
+"""The Qwen3 dense decoder over a flat batch of tokens.
+
+All scheduled tokens of all requests in a step are concatenated into one sequence of ``T`` tokens;
+``positions`` gives each token's absolute position in its own request. Attention is the only
+operation that needs to know where one request ends and the next begins, so it is delegated to an
+``Attention`` callable bound to the step's metadata (see ``swiftlm.runner.attention``). Parameter
+names equal the Hugging Face checkpoint names, so a checkpoint loads without renaming.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from swiftlm.config import ModelConfig
+from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class Attention(Protocol):
+    """Attention for one step: causal within each request, over that request's cached context."""
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, n_heads, head_dim]; k, v: [T, n_kv_heads, head_dim] (this step's new tokens).
+
+        Stores k and v in the layer's cache, then returns [T, n_heads, head_dim].
+        """
+        ...
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        out = attention(self.layer, q, k, v)  # [T, n_heads, head_dim]
+        return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(config, layer)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, hidden]
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, attention)
+        return self.norm(x)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Qwen3Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        return self.model(input_ids, positions, attention)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [S, hidden] for the S positions that sample -> float32 logits [S, vocab]."""
+        return self.lm_head(hidden).float()
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint for ``config`` must hold, by its Hugging Face name."""
+    h, d = config.hidden_size, config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (config.q_size, h),
+                p + "self_attn.k_proj.weight": (config.kv_size, h),
+                p + "self_attn.v_proj.weight": (config.kv_size, h),
+                p + "self_attn.o_proj.weight": (h, config.q_size),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (config.intermediate_size, h),
+                p + "mlp.up_proj.weight": (config.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, config.intermediate_size),
+            }
+        )
+        if config.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (config.q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (config.kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (config.kv_size,)
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+    return shapes

@@ -1,0 +1,152 @@
+"""Attention backends: where K/V live and how a step's queries attend to them.
+
+A backend is bound to one step's metadata and returns an ``Attention`` callable (see
+``swiftlm.model.qwen3``). Contract shared by all backends:
+
+* the step's tokens are a flat sequence, request after request; request ``i`` owns the query
+  rows ``query_start[i] : query_start[i + 1]``;
+* those rows are the *last* ``q_len`` tokens of the request's context of ``seq_len`` tokens, so
+  query row ``r`` (0-based within the request) sits at position ``seq_len - q_len + r`` and may
+  attend to keys ``0 .. seq_len - q_len + r`` (causal, bottom-right aligned);
+* the callable stores the new k/v before attending, so a request's own new tokens are visible.
+
+``DenseAttention`` is the plain reference (one dense K/V tensor per request per layer).
+``PagedAttention`` reads and writes the paged block pools; its torch implementation is the
+oracle for faster ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from swiftlm.runner.kv_cache import KVCache
+
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One request. q: [q_len, Hq, D]; k, v: [kv_len, Hkv, D] with q the last q_len of kv.
+
+    Returns [q_len, Hq, D].
+    """
+    q_len, kv_len = q.shape[0], k.shape[0]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, len, D]
+    if q_len == kv_len:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    elif q_len == 1:
+        out = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+    else:
+        rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
+        mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [q_len, kv_len]
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+class DenseAttention:
+    """Plain reference backend: each request keeps one growing K/V tensor per layer."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self._kv: dict[str, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+
+    def bind(self, request_ids: Sequence[str], query_lens: Sequence[int]) -> AttentionFn:
+        for rid in request_ids:
+            self._kv.setdefault(rid, [None] * self.num_layers)
+        bounds = [0]
+        for n in query_lens:
+            bounds.append(bounds[-1] + n)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs = []
+            for i, rid in enumerate(request_ids):
+                lo, hi = bounds[i], bounds[i + 1]
+                cached = self._kv[rid][layer]
+                k_all = k[lo:hi] if cached is None else torch.cat((cached[0], k[lo:hi]))
+                v_all = v[lo:hi] if cached is None else torch.cat((cached[1], v[lo:hi]))
+                self._kv[rid][layer] = (k_all, v_all)
+                outs.append(causal_attention(q[lo:hi], k_all, v_all))
+            return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+        return attend
+
+    def release(self, request_id: str) -> None:
+        self._kv.pop(request_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Where each request's queries sit and where its K/V are, for one step over the paged cache."""
+
+    query_start: list[int]  # [R + 1] row offsets into the flat batch
+    seq_lens: list[int]  # [R] context length of each request after this step
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
+    block_tables: torch.Tensor  # [R, max_blocks] int64, padded with the null block 0
+    decode_rows: list[int]  # requests with exactly one query token (batched together)
+    prefill_rows: list[int]  # requests with several query tokens
+
+
+class PagedAttention:
+    """Attention over the paged KV pools, in plain torch (gather the blocks, then SDPA).
+
+    Decode requests (one query each) are batched into one padded SDPA call with a length mask,
+    so a batch of decodes costs one kernel per layer, not one per request.
+    """
+
+    def __init__(self, kv_cache: KVCache) -> None:
+        self.kv_cache = kv_cache
+
+    def bind(self, meta: AttentionMetadata) -> AttentionFn:
+        bs = self.kv_cache.block_size
+        decode = _DecodeBatch.build(meta, bs) if meta.decode_rows else None
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
+            n_kv, d = k_pool.shape[2], k_pool.shape[3]
+            k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k.to(k_pool.dtype))
+            v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v.to(v_pool.dtype))
+            out = torch.empty_like(q)
+            for r in meta.prefill_rows:
+                lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
+                n_blocks = (seq_len + bs - 1) // bs
+                blocks = meta.block_tables[r, :n_blocks]
+                k_ctx = k_pool[blocks].view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]
+                v_ctx = v_pool[blocks].view(-1, n_kv, d)[:seq_len]
+                out[lo:hi] = causal_attention(q[lo:hi], k_ctx, v_ctx)
+            if decode is not None:
+                out[decode.rows] = decode.attend(q[decode.rows], k_pool, v_pool)
+            return out
+
+        return attend
+
+
+@dataclass(slots=True)
+class _DecodeBatch:
+    rows: torch.Tensor  # [B] flat-batch row of each decode request's single query
+    block_tables: torch.Tensor  # [B, max_blocks]
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] True where a key is in context
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, block_size: int) -> _DecodeBatch:
+        idx = meta.decode_rows
+        lens = torch.tensor([meta.seq_lens[r] for r in idx])
+        max_blocks = int((lens.max() + block_size - 1) // block_size)
+        tables = meta.block_tables[idx, :max_blocks]
+        keys = torch.arange(max_blocks * block_size)
+        mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
+        rows = torch.tensor([meta.query_start[r] for r in idx])
+        return cls(rows=rows, block_tables=tables, mask=mask)
+
+    def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        # q: [B, Hq, D] -> gathered keys [B, max_blocks * block_size, Hkv, D]
+        b = q.shape[0]
+        n_kv, d = k_pool.shape[2], k_pool.shape[3]
+        k = k_pool[self.block_tables].view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]
+        v = v_pool[self.block_tables].view(b, -1, n_kv, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k, v, attn_mask=self.mask, enable_gqa=True
+        )  # [B, Hq, 1, D]
+        return out.squeeze(2)

@@ -1,0 +1,70 @@
+"""The paged KV cache tensors: per layer one K and one V pool of fixed-size blocks."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from swiftlm.config import CacheConfig, ModelConfig
+
+
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """K and V of every layer for ``block_size`` tokens."""
+    per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim
+    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+
+
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def num_blocks_for(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, max_useful_tokens: int) -> int:
+    """How many blocks (null block included) the memory budget allows.
+
+    Without an explicit ``kv_cache_memory`` the pool takes a fraction of available memory, but no
+    more than ``max_useful_tokens`` (what full batches and sessions could ever hold) needs.
+    """
+    if cache.num_blocks is not None:
+        return cache.num_blocks
+    budget = cache.kv_cache_memory
+    per_block = bytes_per_block(model, cache.block_size, dtype)
+    if budget is None:
+        budget = int(available_memory_bytes() * cache.memory_fraction)
+        budget = min(budget, (max_useful_tokens // cache.block_size + 2) * per_block)
+    n = budget // per_block
+    if n < 2:
+        raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks; raise kv_cache_memory")
+    return int(n)
+
+
+class KVCache:
+    """``[num_blocks, block_size, n_kv_heads, head_dim]`` K and V pools for every layer.
+
+    Block ``b`` holds positions ``b * block_size ... b * block_size + block_size - 1`` of the
+    flattened pool, which is what a slot index (``block_id * block_size + offset``) addresses.
+    """
+
+    def __init__(
+        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str = "cpu"
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_blocks, block_size, model.num_key_value_heads, model.head_dim)
+        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_hidden_layers)]
+        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_hidden_layers)]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._k[layer], self._v[layer]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        for k, v in zip(self._k, self._v, strict=True):
+            k[dst].copy_(k[src])
+            v[dst].copy_(v[src])

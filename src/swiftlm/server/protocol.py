@@ -1,0 +1,539 @@
+"""The OpenAI-compatible wire protocol: pydantic models for requests and responses.
+
+Requests (/v1/chat/completions, /v1/completions, /tokenize, /detokenize):
+
+- Unknown fields are ignored: clients send many we have no use for (metadata, store, ...).
+- Known fields are typed as strictly as OpenAI's API: a string is never a number or a bool
+  (``"max_tokens": "12"``, ``"temperature": "hot"``, ``"stream": "yes"`` are errors), a bool is
+  never a number; an int is accepted where a float is expected (``"temperature": 1``).
+  NaN and infinities are rejected.
+- ``null`` means "not given": the field takes its default (OpenAI documents most fields as
+  nullable). One exception: ``CompletionRequest.max_tokens: null`` means "up to the context
+  limit" (vLLM's reading); left out, it is 16 (OpenAI's default).
+- vLLM-style extensions (top_k, min_p, enable_thinking, session_id, ...) are top-level fields:
+  the OpenAI SDK's and LangChain's ``extra_body`` merge into the top level of the JSON body.
+- Checks that need the model (vocabulary size, context window) or the server's limits (n) are in
+  request_mapping.py, which also turns a request into SamplingParams and chat-template inputs.
+
+Responses are dumped with ``model_dump_json(exclude_none=True)`` on the hot path. The fields
+OpenAI always sends stay present as ``null`` even then: ``message.content`` and, in streamed and
+legacy-completion choices, ``finish_reason``. Measured on this CPU: building and dumping one
+stream chunk takes ~9 us, dumping alone ~4 us; ``model_construct`` is no faster (pure Python),
+so build them normally.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic.types import Strict
+
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+# Keys that ChatTemplate.render sets itself; a request may not pass them as template kwargs.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template", "tokenize"}
+)
+
+
+def _float(**constraints: Any) -> Any:
+    """A float field that accepts ints but not strings, bools, NaN or infinities."""
+    return Annotated[float, Strict(), AllowInfNan(False), Field(**constraints)]
+
+
+def _int(**constraints: Any) -> Any:
+    return Annotated[StrictInt, Field(**constraints)]
+
+
+Id = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+TokenId = _int(ge=0)
+
+
+def _stop_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError("stop must be a string or a list of strings")
+    return value
+
+
+# A bare string or a list of up to 16 strings; always a list after validation.
+Stop = Annotated[list[StrictStr], BeforeValidator(_stop_list), Field(max_length=MAX_STOP_STRINGS)]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class _Request(BaseModel):
+    """Base of request models: unknown fields ignored, a null field takes its default."""
+
+    model_config = ConfigDict(extra="ignore")
+    null_fields: ClassVar[frozenset[str]] = frozenset()  # fields where null is a value of its own
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            keep = cls.null_fields
+            return {k: v for k, v in data.items() if v is not None or k in keep}
+        return data
+
+
+# ---------------------------------------------------------------- messages and tools
+
+
+class TextContentPart(_Request):
+    type: Literal["text"] = "text"
+    text: StrictStr
+
+
+class FunctionCall(_Request):
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] = "{}"  # OpenAI sends a JSON string; templates take both
+
+
+class ToolCall(_Request):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Request):
+    """One message of a conversation.
+
+    ``content`` is a string, a list of text parts (joined with "\\n" for the template), or null
+    (an assistant message that only carries tool calls). Parts of other types (image_url,
+    input_audio, ...) are rejected: the models served are text-only. A ``developer`` message is
+    rendered as ``system`` (see request_mapping.chat_messages). ``reasoning`` is accepted as an
+    alias of ``reasoning_content``.
+    """
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: StrictStr | list[TextContentPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string, a list of content parts, or null")
+        for j, part in enumerate(value):
+            if isinstance(part, TextContentPart):
+                continue
+            if not isinstance(part, dict):
+                raise ValueError(f"content part {j} must be an object like {{'type': 'text', 'text': '...'}}")
+            kind = part.get("type")
+            if kind != "text":
+                raise ValueError(f"content part {j} has type {kind!r}; only 'text' parts are supported")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {j} of type 'text' needs a string 'text'")
+        return value
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+
+class FunctionDefinition(_Request):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: StrictStr
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ResponseFormat(_Request):
+    """Accepted for compatibility; only "text" is honoured. json_object / json_schema are not
+    enforced: swiftlm has no constrained decoding, so the output follows only the prompt."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class StreamOptions(_Request):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM: usage on every chunk
+
+
+def _check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool | None):
+        raise ValueError("enable_thinking must be true or false")
+    return kwargs
+
+
+# ---------------------------------------------------------------- requests
+
+
+class BaseSamplingRequest(_Request):
+    """Fields shared by chat and legacy completions: sampling, stopping, streaming, extensions.
+
+    ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` left out fall back
+    to the checkpoint's generation_config.json. ``top_k`` of -1 or 0 disables it.
+    ``use_cache`` is accepted and changes nothing: prefix caching is always on and never changes
+    results. ``clean_up_tokenization_spaces`` is accepted and changes nothing: Qwen3's tokenizer
+    does not clean up spaces (its tokenizer_config says false), and swiftlm never does.
+    """
+
+    model: StrictStr | None = None
+    n: _int(ge=1) = 1
+    temperature: _float(ge=0.0, le=2.0) | None = None
+    top_p: _float(gt=0.0, le=1.0) | None = None
+    top_k: _int(ge=-1) | None = None
+    min_p: _float(ge=0.0, le=1.0) | None = None
+    repetition_penalty: _float(gt=0.0) | None = None
+    presence_penalty: _float(ge=-2.0, le=2.0) = 0.0
+    frequency_penalty: _float(ge=-2.0, le=2.0) = 0.0
+    logit_bias: dict[str, _float(ge=-100.0, le=100.0)] | None = None
+    seed: _int(ge=-(2**63), le=2**64 - 1) | None = None
+    max_tokens: _int(ge=1) | None = None
+    max_new_tokens: _int(ge=1) | None = None  # extension: alias of max_tokens (HF's name)
+    min_tokens: _int(ge=0) = 0
+    stop: Stop = Field(default_factory=list)
+    stop_token_ids: list[TokenId] = Field(default_factory=list)
+    include_stop_str_in_output: StrictBool = False
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None  # honoured only when stream is true
+    user: StrictStr | None = None
+    session_id: Id | None = None
+    request_id: Id | None = None
+    use_cache: StrictBool | None = None
+    clean_up_tokenization_spaces: StrictBool | None = None
+
+
+class ChatCompletionRequest(BaseSamplingRequest):
+    """POST /v1/chat/completions.
+
+    Length limit precedence: max_completion_tokens > max_tokens > max_new_tokens > the server's
+    default (see request_mapping). ``top_logprobs`` (0..20) requires ``logprobs: true``.
+    Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` > the
+    server's default template kwargs > on. ``return_reasoning: false`` drops the reasoning from
+    the response (it is still generated unless thinking is off); ``thinking_budget`` caps the
+    reasoning tokens. ``tools`` are rendered into the prompt; ``tool_choice`` "none" leaves them
+    out, and "required" or a named function are not enforced (no constrained decoding).
+    """
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: _int(ge=1) | None = None
+    logprobs: StrictBool = False
+    top_logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: StrictBool | None = None
+    return_reasoning: StrictBool = True
+    thinking_budget: _int(ge=0) | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else _check_template_kwargs(value)
+
+
+def _check_prompt(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    message = "prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids"
+    if not isinstance(value, list) or not value:
+        raise ValueError(message + (" (got an empty list)" if value == [] else ""))
+    if all(isinstance(x, str) for x in value) or all(type(x) is int for x in value):
+        return value
+    if all(isinstance(x, list) and x and all(type(t) is int for t in x) for x in value):
+        return value
+    raise ValueError(message)
+
+
+class CompletionRequest(BaseSamplingRequest):
+    """POST /v1/completions (legacy). ``logprobs`` is the number of top tokens per step (0..20;
+    OpenAI allows 5). ``max_tokens`` defaults to 16 as in OpenAI; null means "up to the context
+    limit"; when it is left out, ``max_new_tokens`` is used if given. ``suffix`` is rejected."""
+
+    null_fields: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
+
+    prompt: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(_check_prompt)]
+    suffix: StrictStr | None = None
+    echo: StrictBool = False
+    logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
+    max_tokens: _int(ge=1) | None = 16
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported (no fill-in-the-middle); leave it out")
+        return None
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize: either ``prompt`` (text) or ``messages`` (rendered with the chat template).
+
+    ``add_special_tokens`` defaults to true for a prompt and false for messages (vLLM's defaults;
+    the template already writes the special tokens)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: StrictBool = True
+    add_special_tokens: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: StrictBool | None = None
+    tools: list[Tool] | None = None
+    return_token_strs: StrictBool = False
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else _check_template_kwargs(value)
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either prompt or messages (exactly one)")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: StrictStr | None = None
+    tokens: list[TokenId]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class _Response(BaseModel):
+    """Base of response models: ``always_present`` fields are written as null even when the
+    dump uses exclude_none (OpenAI clients expect them)."""
+
+    always_present: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _keep_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.always_present:
+            if name not in data and getattr(self, name) is None:
+                data[name] = None
+        return data
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] | None = None
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0
+
+
+class CompletionTokensDetails(_Response):
+    reasoning_tokens: int = 0
+
+
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+    @classmethod
+    def of(
+        cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0
+    ) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning_tokens),
+        )
+
+
+class ChatCompletionMessage(_Response):
+    always_present: ClassVar[tuple[str, ...]] = ("content",)
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatCompletionChoice(_Response):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "tool_calls" | "abort"
+    stop_reason: int | str | None = None  # vLLM: the stop token id or string that ended it
+
+
+class ChatCompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: new_id("chatcmpl-"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class DeltaFunctionCall(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Response):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
+class DeltaMessage(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+
+class ChatCompletionChunkChoice(_Response):
+    always_present: ClassVar[tuple[str, ...]] = ("finish_reason",)
+
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(_Response):
+    """One SSE event of a streamed chat completion. All chunks of a stream share id and created;
+    with stream_options.include_usage the last chunk has ``choices: []`` and the usage."""
+
+    id: str = Field(default_factory=lambda: new_id("chatcmpl-"))
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    always_present: ClassVar[tuple[str, ...]] = ("finish_reason",)
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: new_id("cmpl-"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionChunk(CompletionResponse):
+    """One SSE event of a streamed legacy completion (OpenAI keeps object "text_completion")."""
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "swiftlm"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+class TokenizeResponse(_Response):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(_Response):
+    prompt: str

@@ -1,0 +1,264 @@
+"""From a validated request to engine inputs: SamplingParams, chat-template inputs, prompts.
+
+Pure functions, no FastAPI. Problems a client caused raise ``OpenAIError`` (400) with a message
+that says what to change.
+
+Decisions:
+
+- Length limit, chat: ``max_completion_tokens`` (OpenAI's current name) > ``max_tokens`` (its
+  deprecated name, still sent by many clients) > ``max_new_tokens`` (extension, HF's name) >
+  ``default_max_tokens`` (the server's; typically the context left after the prompt). Legacy
+  completions: ``max_tokens`` if the client sent a number > ``max_new_tokens`` > ``max_tokens:
+  null`` sent explicitly means ``default_max_tokens`` > 16 (OpenAI's default).
+- Sampling fields the request leaves out (temperature, top_p, top_k, min_p,
+  repetition_penalty) take the checkpoint's generation_config.json values, as vLLM does; then
+  SamplingParams' defaults. ``top_k: -1`` becomes 0 (disabled).
+- Empty stop strings are dropped (they cannot mean anything).
+- ``developer`` messages are rendered as ``system``: OpenAI's newer name for the same thing.
+  Qwen3's template has no ``developer`` role (it would drop the message silently).
+- Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` > the
+  server's default chat_template_kwargs > on (Qwen3's default).
+- ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from swiftlm.sampling import SamplingParams
+from swiftlm.server.errors import OpenAIError, bad_request
+from swiftlm.server.protocol import (
+    BaseSamplingRequest,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    TokenizeRequest,
+)
+
+DEFAULT_MAX_N = 16
+OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16
+_GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def chat_max_tokens(req: ChatCompletionRequest, default_max_tokens: int | None) -> int | None:
+    for value in (req.max_completion_tokens, req.max_tokens, req.max_new_tokens):
+        if value is not None:
+            return value
+    return default_max_tokens
+
+
+def completion_max_tokens(req: CompletionRequest, default_max_tokens: int | None) -> int | None:
+    if req.max_tokens is not None and "max_tokens" in req.model_fields_set:
+        return req.max_tokens
+    if req.max_new_tokens is not None:
+        return req.max_new_tokens
+    if req.max_tokens is None:  # sent as null
+        return default_max_tokens
+    return req.max_tokens
+
+
+def sampling_params_from_chat(
+    req: ChatCompletionRequest,
+    default_max_tokens: int | None,
+    generation_defaults: Mapping[str, Any] | None,
+    *,
+    vocab_size: int | None = None,
+    max_n: int = DEFAULT_MAX_N,
+) -> SamplingParams:
+    """SamplingParams for a chat request. ``logprobs: true`` gives ``top_logprobs`` (or 0) top
+    tokens per step; false gives none."""
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _sampling_params(
+        req,
+        chat_max_tokens(req, default_max_tokens),
+        logprobs,
+        generation_defaults,
+        vocab_size,
+        max_n,
+        thinking_budget=req.thinking_budget,
+    )
+
+
+def sampling_params_from_completion(
+    req: CompletionRequest,
+    default_max_tokens: int | None,
+    generation_defaults: Mapping[str, Any] | None,
+    *,
+    vocab_size: int | None = None,
+    max_n: int = DEFAULT_MAX_N,
+) -> SamplingParams:
+    """SamplingParams for a legacy completion request (``logprobs`` is already a count)."""
+    max_tokens = completion_max_tokens(req, default_max_tokens)
+    return _sampling_params(req, max_tokens, req.logprobs, generation_defaults, vocab_size, max_n)
+
+
+def _sampling_params(
+    req: BaseSamplingRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    generation_defaults: Mapping[str, Any] | None,
+    vocab_size: int | None,
+    max_n: int,
+    thinking_budget: int | None = None,
+) -> SamplingParams:
+    if req.n > max_n:
+        raise bad_request(f"n {req.n} exceeds this server's maximum of {max_n}", param="n")
+    overrides = {name: value for name in _GENERATION_DEFAULT_FIELDS if (value := getattr(req, name)) is not None}
+    if overrides.get("top_k") == -1:
+        overrides["top_k"] = 0
+    try:
+        return SamplingParams.from_generation_config(
+            dict(generation_defaults or {}),
+            n=req.n,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=tuple(s for s in req.stop if s),
+            stop_token_ids=tuple(check_token_ids(req.stop_token_ids, vocab_size, "stop_token_ids")),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            seed=req.seed,
+            logprobs=logprobs,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=logit_bias_ids(req.logit_bias, vocab_size),
+            skip_special_tokens=req.skip_special_tokens,
+            thinking_budget=thinking_budget,
+            **overrides,
+        )
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+
+
+def logit_bias_ids(logit_bias: Mapping[str, float] | None, vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's ``{"token id as a string": bias}`` as ``{token_id: bias}``, every id in the vocabulary."""
+    out: dict[int, float] = {}
+    for key, bias in (logit_bias or {}).items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise bad_request(
+                f"logit_bias key {key!r} is not a token id; keys are token ids written as decimal strings, e.g. \"1234\"",
+                param="logit_bias",
+            )
+        token_id = int(key)
+        if vocab_size is not None and token_id >= vocab_size:
+            raise bad_request(
+                f"logit_bias key {key!r} is outside the vocabulary; token ids run from 0 to {vocab_size - 1}",
+                param="logit_bias",
+            )
+        out[token_id] = float(bias)
+    return out
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int | None, param: str) -> Sequence[int]:
+    """``token_ids`` unchanged, after checking each is in ``[0, vocab_size)``."""
+    if vocab_size is not None:
+        for token_id in token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise bad_request(
+                    f"{param} contains token id {token_id}, outside the vocabulary of {vocab_size} tokens "
+                    f"(ids 0 to {vocab_size - 1})",
+                    param=param,
+                )
+    return token_ids
+
+
+def check_max_tokens(max_tokens: int | None, prompt_tokens: int, max_model_len: int) -> int:
+    """The number of tokens the request may generate: ``max_tokens`` if it fits in the context
+    window after the prompt, the remaining room if ``max_tokens`` is None; else a 400."""
+    room = max_model_len - prompt_tokens
+    if room <= 0:
+        raise OpenAIError(
+            400,
+            f"the prompt has {prompt_tokens} tokens, which fills the context window of {max_model_len}; shorten it",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise OpenAIError(
+            400,
+            f"max_tokens {max_tokens} exceeds the context window of {max_model_len} minus the prompt's "
+            f"{prompt_tokens} tokens; ask for at most {room}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+# ---------------------------------------------------------------- chat template inputs
+
+
+def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the chat template: text parts joined with "\\n", ``developer`` as
+    ``system``, null content as "", ``reasoning`` as ``reasoning_content``, nulls left out."""
+    out = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        plain: dict[str, Any] = {
+            "role": "system" if message.role == "developer" else message.role,
+            "content": content or "",
+        }
+        if message.name is not None:
+            plain["name"] = message.name
+        if message.tool_calls:
+            plain["tool_calls"] = [call.model_dump(exclude_none=True) for call in message.tool_calls]
+        if message.tool_call_id is not None:
+            plain["tool_call_id"] = message.tool_call_id
+        reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+        if reasoning is not None:
+            plain["reasoning_content"] = reasoning
+        out.append(plain)
+    return out
+
+
+def template_tools(req: ChatCompletionRequest | TokenizeRequest) -> list[dict[str, Any]] | None:
+    """Tool definitions for the template, or None (no tools, or ``tool_choice: "none"``)."""
+    if not req.tools or getattr(req, "tool_choice", None) == "none":
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in req.tools]
+
+
+def thinking_enabled(req: ChatCompletionRequest | TokenizeRequest, server_default_kwargs: Mapping[str, Any] | None) -> bool:
+    """Top-level enable_thinking > chat_template_kwargs.enable_thinking > the server's default
+    chat_template_kwargs > True (Qwen3 thinks unless told not to)."""
+    if req.enable_thinking is not None:
+        return req.enable_thinking
+    for kwargs in (req.chat_template_kwargs, server_default_kwargs):
+        if kwargs and kwargs.get("enable_thinking") is not None:
+            return bool(kwargs["enable_thinking"])
+    return True
+
+
+def template_kwargs(
+    req: ChatCompletionRequest | TokenizeRequest, server_defaults: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The server's default chat_template_kwargs, updated with the request's, with
+    ``enable_thinking`` always set to the resolved value (see ``thinking_enabled``)."""
+    merged = {**(server_defaults or {}), **(req.chat_template_kwargs or {})}
+    merged["enable_thinking"] = thinking_enabled(req, server_defaults)
+    return merged
+
+
+# ---------------------------------------------------------------- legacy completions
+
+
+def completion_prompts(req: CompletionRequest, vocab_size: int | None = None) -> list[str | list[int]]:
+    """The request's prompts, one entry per prompt: text, or token ids checked against the vocabulary.
+    Choice ``i * n + j`` of the response is sample ``j`` of prompt ``i``."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]
+    else:
+        prompts = list(prompt)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            which = "the prompt" if len(prompts) == 1 else f"prompt {i}"
+            raise bad_request(f"{which} is empty; send at least one token of text", param="prompt")
+        if not isinstance(p, str):
+            check_token_ids(p, vocab_size, "prompt")
+    return prompts

@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny random Qwen3 checkpoints with the real Qwen3 tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swiftlm.model.random_checkpoint import write_random_checkpoint
+from tests.helpers.tokenizer_files import write_tokenizer_files
+
+TINY_TIED = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+TINY_UNTIED = {
+    "hidden_size": 96,
+    "intermediate_size": 192,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 3,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+
+
+def make_tiny_model(dst: Path, shape: dict, seed: int = 0) -> Path:
+    write_random_checkpoint(dst, shape, seed=seed, dtype=torch.float32, std=0.05)
+    write_tokenizer_files(dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_tied"), TINY_TIED, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_untied"), TINY_UNTIED, seed=2)
+
+
+@pytest.fixture(scope="session", params=["tied", "untied"])
+def tiny_model_dir(request: pytest.FixtureRequest, tiny_tied_dir: Path, tiny_untied_dir: Path) -> Path:
+    return tiny_tied_dir if request.param == "tied" else tiny_untied_dir

@@ -1,0 +1,1 @@
+"""Plain helper functions shared by test suites (no fixtures here)."""

@@ -1,0 +1,92 @@
+"""The model and the plain path against Hugging Face transformers' Qwen3 on the same checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swiftlm import SamplingParams
+from swiftlm.model.loader import load_model
+from swiftlm.plain import PlainLLM
+from swiftlm.runner.attention import DenseAttention
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT_LENGTHS = (1, 17, 128, 300)
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 151643, (length,), generator=g).tolist()
+
+
+def hf_model(model_dir: Path, dtype: torch.dtype):
+    model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy decoding with HF's own KV cache; returns tokens and each step's log-softmax."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    tokens, logprobs = [], []
+    for _ in range(steps):
+        logits = out.logits[0, -1].float()
+        logprobs.append(torch.log_softmax(logits, dim=-1))
+        tokens.append(int(torch.argmax(logits)))
+        out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize("length", PROMPT_LENGTHS)
+@torch.inference_mode()
+def test_logits_match_transformers_float32(tiny_model_dir: Path, length: int) -> None:
+    ours = load_model(tiny_model_dir, "float32")
+    ref = hf_model(tiny_model_dir, torch.float32)
+    prompt = random_prompt(length, seed=length)
+    expected = ref(torch.tensor([prompt])).logits[0].float()  # [L, V]
+    attention = DenseAttention(ours.config.num_hidden_layers)
+    hidden = ours(torch.tensor(prompt), torch.arange(length), attention.bind(["r"], [length]))
+    got = ours.compute_logits(hidden)
+    diff = (got - expected).abs().max().item()
+    print(f"{tiny_model_dir.name} prompt {length}: max |logit diff| = {diff:.2e}")
+    assert diff <= 1e-4
+
+
+@torch.inference_mode()
+def test_greedy_and_logprobs_match_transformers_float32(tiny_model_dir: Path) -> None:
+    llm = PlainLLM(str(tiny_model_dir), dtype="float32")
+    ref = hf_model(tiny_model_dir, torch.float32)
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=3)
+    worst = 0.0
+    for length in PROMPT_LENGTHS:
+        prompt = random_prompt(length, seed=100 + length)
+        expected_tokens, expected_logprobs = hf_greedy(ref, prompt, 64)
+        out = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0]
+        assert out.token_ids == expected_tokens, f"prompt {length}"
+        for step, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+            for tid, value in lp.items():
+                worst = max(worst, abs(value - expected_logprobs[step][tid].item()))
+            assert next(iter(lp)) == tok
+    print(f"{tiny_model_dir.name}: 64-token greedy identical; max |logprob diff| = {worst:.2e}")
+    assert worst <= 1e-4
+
+
+@torch.inference_mode()
+def test_bfloat16_greedy_agrees_with_transformers(tiny_model_dir: Path) -> None:
+    llm = PlainLLM(str(tiny_model_dir), dtype="bfloat16")
+    ref = hf_model(tiny_model_dir, torch.bfloat16)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    same = total = 0
+    for length in PROMPT_LENGTHS:
+        prompt = random_prompt(length, seed=200 + length)
+        expected, _ = hf_greedy(ref, prompt, 32)
+        got = llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+        # positions up to the first divergence count as agreeing; after it the contexts differ
+        agree = next((i for i, (a, b) in enumerate(zip(got, expected, strict=True)) if a != b), len(got))
+        same += agree
+        total += len(got)
+    print(f"{tiny_model_dir.name} bf16: {same}/{total} = {same / total:.1%} greedy positions identical")
+    assert same / total >= 0.9
