@@ -135,3 +135,34 @@ class EngineConfig:
     seed: int = 0
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The HTTP front: where it listens, who may call it, and request defaults."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None  # None: the model argument as given
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_n: int = 16
+    retry_after_s: int = 1  # Retry-After sent with 429 when the queue is full
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_n < 1:
+            raise ConfigError(f"max_n must be >= 1, got {self.max_n}")
+
+
+def parse_json_object(text: str, flag: str) -> dict[str, Any]:
+    """A JSON object given on the command line (e.g. ``--default-chat-template-kwargs``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag} must be a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    return value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Any
 
@@ -76,11 +76,44 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         session_id: str | None = None,
     ) -> RequestOutput:
+        prompt = self.chat_prompt(messages, chat_template_kwargs, tools)
+        return self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
+
+    def stream(
+        self,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None = None,
+        session_id: str | None = None,
+    ) -> Iterator[RequestOutput]:
+        """Generate one prompt, yielding output deltas as tokens arrive (the last one finished).
+
+        A dict prompt may carry ``"thinking": True`` when it opens a reasoning section.
+        """
+        text, token_ids = self._prompt_ids(prompt)
+        rid = str(next(self._ids))
+        thinking = bool(prompt.get("thinking")) if isinstance(prompt, dict) else False
+        params = sampling_params or self.default_sampling_params()
+        self.engine.add_request(rid, token_ids, params, session_id=session_id, prompt=text, thinking=thinking)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort(rid)  # no-op once finished; frees the blocks if the caller stops early
+
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The prompt ``chat`` sends: the rendered template, and whether it opens thinking."""
         kwargs = dict(chat_template_kwargs or {})
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools, **kwargs)
-        thinking = kwargs.get("enable_thinking", True) is not False
-        prompt = {"prompt": text, "thinking": thinking}
-        return self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
+        return {"prompt": text, "thinking": kwargs.get("enable_thinking", True) is not False}
 
     def close_session(self, session_id: str) -> bool:
         return self.engine.close_session(session_id)
