@@ -12,6 +12,8 @@ from swiftlm.config import CacheConfig, EngineConfig, SchedulerConfig
 from swiftlm.engine.engine import Engine
 from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.sampling import SamplingParams
+from swiftlm.text.reasoning import split_reasoning
+from swiftlm.text.session_prompt import SessionPrompts
 
 Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
@@ -39,6 +41,7 @@ class LLM:
     def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", **engine_kwargs: Any) -> None:
         self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs))
         self.tokenizer = self.engine.tokenizer
+        self._session_prompts = SessionPrompts(self.tokenizer)
         self._ids = count()
 
     def default_sampling_params(self) -> SamplingParams:
@@ -76,8 +79,24 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         session_id: str | None = None,
     ) -> RequestOutput:
-        prompt = self.chat_prompt(messages, chat_template_kwargs, tools)
-        return self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
+        prompt = self.chat_prompt(messages, chat_template_kwargs, tools, session_id)
+        out = self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
+        if session_id is not None:
+            self.record_turn(session_id, messages, prompt, out, tools)
+        return out
+
+    def record_turn(
+        self,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        prompt: dict[str, Any],
+        out: RequestOutput,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Remember a finished session turn so the next one extends its real token stream."""
+        seq = out.outputs[0]
+        answer = split_reasoning(seq.text, prompt["thinking"])[1]
+        self._session_prompts.record(session_id, messages, answer, out.prompt_token_ids + seq.token_ids, tools)
 
     def stream(
         self,
@@ -109,13 +128,16 @@ class LLM:
         messages: list[dict[str, Any]],
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        session_id: str | None = None,
     ) -> dict[str, Any]:
-        """The prompt ``chat`` sends: the rendered template, and whether it opens thinking."""
+        """The prompt ``chat`` sends: text, token ids (extending the session's real token stream
+        when there is one, see ``swiftlm.text.session_prompt``) and whether it opens thinking."""
         kwargs = dict(chat_template_kwargs or {})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools, **kwargs)
-        return {"prompt": text, "thinking": kwargs.get("enable_thinking", True) is not False}
+        text, ids = self._session_prompts.prompt(session_id, messages, kwargs, tools)
+        return {"prompt": text, "prompt_token_ids": ids, "thinking": kwargs.get("enable_thinking", True) is not False}
 
     def close_session(self, session_id: str) -> bool:
+        self._session_prompts.forget(session_id)
         return self.engine.close_session(session_id)
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:

@@ -114,7 +114,7 @@ class Engine:
         if request_id in self._parents:
             raise RequestError(f"request id {request_id!r} is already in use")
         ids = list(prompt_token_ids)
-        self._validate(ids, params)
+        self.validate(ids, params)
         now = time.monotonic() if arrival_time is None else arrival_time
         eos = frozenset(() if params.ignore_eos else self.tokenizer.eos_token_ids)
         children: list[Request] = []
@@ -150,7 +150,8 @@ class Engine:
             self._streams[id(child)] = _Stream(child, request_id, detok, stops)
         self._parents[request_id] = _Parent(request_id, prompt, ids, children)
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError if the request can never run here. Reads only fixed state."""
         if not ids:
             raise RequestError("the prompt is empty")
         vocab = self.model.config.vocab_size
@@ -186,6 +187,16 @@ class Engine:
         for child in parent.children:
             self.scheduler.finish(child, FinishReason.ABORT)
         return self._emit(parent, parent.children)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """Finish every request with an error (after an unexpected failure) and report them."""
+        outputs = []
+        for parent in list(self._parents.values()):
+            for child in parent.children:
+                child.error = child.error or message
+                self.scheduler.finish(child, FinishReason.ERROR)
+            outputs.append(self._emit(parent, parent.children))
+        return outputs
 
     def close_session(self, session_id: str) -> bool:
         return self.kv.sessions.close(session_id)

@@ -1,0 +1,188 @@
+"""AsyncEngine: the engine loop on one background thread, driven from asyncio.
+
+Only the loop thread touches the Engine. Other threads talk to it through a command queue
+(submit, abort, close a session) and get outputs back through one asyncio.Queue per request,
+filled with ``loop.call_soon_threadsafe``. Validation and the queue-length check run in the
+caller's thread, so a bad or refused request fails at once, before any response is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from swiftlm.engine.engine import Engine
+from swiftlm.engine.outputs import RequestOutput
+from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine is shutting down or its loop stopped; the server answers 503."""
+
+
+@dataclass(slots=True)
+class _Channel:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._commands: queue.SimpleQueue[Callable[[], Any]] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._channels: dict[str, _Channel] = {}
+        self._pending_adds = 0
+        self._count_lock = threading.Lock()
+        self._accepting = True
+        self._stop = False
+        self._idle_wait_s = idle_wait_s
+        self._thread = threading.Thread(target=self._loop, name="swiftlm-engine", daemon=True)
+        self._thread.start()
+
+    # -- public API (any thread / asyncio) ------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stop
+
+    def num_queued(self) -> int:
+        """Requests accepted but not yet admitted to the running batch."""
+        return self._pending_adds + len(self.engine.scheduler.waiting)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session_id: str | None = None,
+        prompt: str | None = None,
+        thinking: bool = False,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and iterate over its output deltas; the last one has ``finished``.
+
+        Raises RequestError (bad request), QueueFullError (queue full) or EngineDeadError before
+        the first output. Leaving the iteration early (client gone) aborts the request.
+        """
+        if not self._accepting or not self.is_running:
+            raise EngineDeadError("the engine is shutting down")
+        self.engine.validate(prompt_token_ids, params)
+        limit = self.engine.config.scheduler.max_queued_requests
+        with self._count_lock:
+            if self.num_queued() >= limit:
+                raise QueueFullError(f"{limit} requests are already waiting (max_queued_requests); retry later")
+            self._pending_adds += 1
+        channel = _Channel(asyncio.get_running_loop(), asyncio.Queue())
+        self._channels[request_id] = channel
+        arrival = time.monotonic()
+
+        def add() -> None:
+            with self._count_lock:
+                self._pending_adds -= 1
+            try:
+                self.engine.add_request(
+                    request_id, prompt_token_ids, params, session_id, prompt, thinking, arrival_time=arrival
+                )
+            except Exception as exc:  # queue filled up meanwhile, or a bad request
+                self._channels.pop(request_id, None)
+                channel.put(exc)
+
+        self._submit(add)
+        finished = False
+        try:
+            while True:
+                item = await channel.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._channels.pop(request_id, None)
+        self._submit(lambda: self.engine.abort(request_id))
+
+    async def close_session(self, session_id: str) -> bool:
+        future: Future[bool] = Future()
+        self._submit(lambda: future.set_result(self.engine.close_session(session_id)))
+        return await asyncio.wrap_future(future)
+
+    async def run_in_engine(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run ``fn(engine)`` on the loop thread between steps (tests, admin)."""
+        future: Future[Any] = Future()
+
+        def call() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._submit(call)
+        return await asyncio.wrap_future(future)
+
+    def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop accepting requests, let in-flight ones finish (up to the timeout), stop the loop."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while time.monotonic() < deadline and (self.engine.has_unfinished() or self._pending_adds):
+            time.sleep(0.02)
+        self._stop = True
+        self._wakeup.set()
+        self._thread.join(timeout=5.0)
+        for rid, channel in list(self._channels.items()):
+            channel.put(EngineDeadError("the server shut down before the request finished"))
+            self._channels.pop(rid, None)
+
+    # -- the loop thread ----------------------------------------------------------------------------
+    def _submit(self, command: Callable[[], Any]) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command()
+            except Exception:
+                logger.exception("engine command failed")
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._drain_commands()
+            if not self.engine.has_unfinished():
+                self._wakeup.wait(self._idle_wait_s)
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a bug in a step must not take the server down
+                logger.exception("engine step failed; failing the requests in flight")
+                outputs = self.engine.fail_all(f"internal error: {exc}")
+            for out in outputs:
+                channel = self._channels.get(out.request_id)
+                if channel is not None:
+                    channel.put(out)
+                    if out.finished:
+                        self._channels.pop(out.request_id, None)

@@ -1,0 +1,119 @@
+"""How a session's next-turn prompt is formed.
+
+Qwen3's chat template re-renders earlier assistant turns *without* their reasoning (and without
+the empty ``<think>\\n\\n</think>\\n\\n`` block of a non-thinking turn). Turn N+1 rendered fresh is
+therefore not a token prefix of what the model actually saw and produced in turn N, and a KV
+cache keyed on tokens could reuse nothing past turn N's prompt.
+
+A session instead extends the *real* token stream:
+
+    prompt(N+1) = stream(N) without its final end-of-turn token
+                  + tokenize(template text from the end of the last assistant message onward)
+
+    stream(N):   <|im_start|>user\\nQ1<|im_end|>\\n<|im_start|>assistant\\n<think>...</think>\\n\\nA1<|im_end|>
+    appended:    <|im_end|>\\n<|im_start|>user\\nQ2<|im_end|>\\n<|im_start|>assistant\\n
+
+The appended text is cut from the template's own rendering of the full conversation (located
+with a sentinel placed at the end of the last assistant message's content), so system prompts,
+tool results and the generation prompt are exactly what the template would produce. The model
+keeps seeing its earlier reasoning, as it did while generating; a conversation sent without a
+session sees the template's reasoning-free history instead. So a session turn equals the same
+token prompt sent fresh, not the fresh template rendering.
+
+The session is used only when the request's messages extend the conversation it recorded (same
+earlier messages, and the assistant answer equal to what was returned); otherwise the prompt is
+rendered fresh and the session starts over from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from swiftlm.text.tokenizer import Tokenizer
+
+_SENTINEL = "\u2063swiftlm-session-split\u2063"
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    messages: list[dict[str, Any]]  # the conversation through the assistant answer returned
+    token_ids: list[int]  # the real stream: prompt + generated tokens
+    tools_key: str
+
+
+def _comparable(message: dict[str, Any]) -> tuple:
+    content = message.get("content")
+    if isinstance(content, str):
+        content = content.strip()
+    return (message.get("role"), content, bool(message.get("tool_calls")), message.get("tool_call_id"))
+
+
+class SessionPrompts:
+    """Remembers each session's last turn and forms the next turn's prompt from it."""
+
+    def __init__(self, tokenizer: Tokenizer, max_sessions: int = 10_000) -> None:
+        self.tokenizer = tokenizer
+        self.max_sessions = max_sessions
+        self._turns: dict[str, _Turn] = {}
+
+    def prompt(
+        self,
+        session_id: str | None,
+        messages: Sequence[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[str, list[int]]:
+        """The prompt text (for logs) and token ids of the next turn."""
+        kwargs = dict(template_kwargs or {})
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools, **kwargs)
+        turn = self._turns.get(session_id) if session_id is not None else None
+        if turn is not None and self._extends(turn, messages, tools):
+            appended = self._appended_text(messages, len(turn.messages) - 1, kwargs, tools)
+            if appended is not None:
+                stream = turn.token_ids
+                if stream and stream[-1] in self.tokenizer.eos_token_ids:
+                    stream = stream[:-1]  # the template writes the end-of-turn token itself
+                return text, stream + self.tokenizer.encode(appended)
+        return text, self.tokenizer.encode(text)
+
+    def record(
+        self,
+        session_id: str,
+        messages: Sequence[dict[str, Any]],
+        answer: str,
+        token_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """After a turn: the conversation now ends with ``answer`` (the content returned)."""
+        if len(self._turns) >= self.max_sessions and session_id not in self._turns:
+            self._turns.pop(next(iter(self._turns)))
+        history = [dict(m) for m in messages] + [{"role": "assistant", "content": answer}]
+        self._turns[session_id] = _Turn(history, list(token_ids), _tools_key(tools))
+
+    def forget(self, session_id: str) -> None:
+        self._turns.pop(session_id, None)
+
+    def _extends(self, turn: _Turn, messages: Sequence[dict[str, Any]], tools: list | None) -> bool:
+        n = len(turn.messages)
+        if len(messages) <= n or _tools_key(tools) != turn.tools_key:
+            return False
+        if messages[n - 1].get("role") != "assistant" or messages[n - 1].get("tool_calls"):
+            return False
+        return all(_comparable(a) == _comparable(b) for a, b in zip(turn.messages, messages[:n], strict=True))
+
+    def _appended_text(
+        self, messages: Sequence[dict[str, Any]], assistant_index: int, kwargs: dict[str, Any], tools: list | None
+    ) -> str | None:
+        marked = [dict(m) for m in messages]
+        marked[assistant_index]["content"] = (marked[assistant_index].get("content") or "") + _SENTINEL
+        text = self.tokenizer.apply_chat_template(marked, add_generation_prompt=True, tools=tools, **kwargs)
+        at = text.find(_SENTINEL)
+        if at < 0 or text.count(_SENTINEL) != 1:
+            return None
+        return text[at + len(_SENTINEL) :]
+
+
+def _tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return repr(tools) if tools else ""

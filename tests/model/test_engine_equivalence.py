@@ -1,0 +1,145 @@
+"""Every engine path against the plain path: greedy tokens identical in float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from swiftlm import LLM, SamplingParams
+from swiftlm.plain import PlainLLM
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+LENGTHS = [1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 47, 64, 100, 128, 150, 200, 257, 300, 350, 420, 511, 600, 700]
+
+
+def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_tied_dir: Path) -> PlainLLM:
+    return PlainLLM(str(tiny_tied_dir), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return random_prompts(LENGTHS, seed=7)
+
+
+@pytest.fixture(scope="module")
+def reference(plain: PlainLLM, prompts: list[list[int]]) -> list[list[int]]:
+    return [plain.generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids for p in prompts]
+
+
+def run(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def assert_no_leaks(llm: LLM) -> None:
+    """Every block is free except those held by sessions."""
+    kv = llm.engine.kv
+    kv.check_integrity([])
+    pinned = {b for s in kv.sessions.all() for b in s.block_ids}
+    assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks - len(pinned)
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {},
+        {"max_num_batched_tokens": 7},
+        {"max_num_seqs": 5, "max_num_batched_tokens": 64},
+        {"enable_prefix_caching": False, "block_size": 32},
+    ],
+    ids=["batched", "chunked-7", "few-seqs", "no-prefix-cache"],
+)
+def test_batched_equals_plain(tiny_tied_dir: Path, prompts, reference, engine_kwargs) -> None:
+    llm = LLM(str(tiny_tied_dir), dtype="float32", **engine_kwargs)
+    assert run(llm, prompts) == reference
+    assert_no_leaks(llm)
+
+
+def test_preemption_keeps_outputs(tiny_tied_dir: Path, prompts, reference) -> None:
+    # 48 usable blocks of 16 tokens: the 700-token prompt alone needs 45, so requests must give way
+    llm = LLM(str(tiny_tied_dir), dtype="float32", num_blocks=49, max_num_batched_tokens=128)
+    assert run(llm, prompts) == reference
+    preemptions = llm.engine.scheduler.num_preemptions
+    print(f"preemptions: {preemptions}")
+    assert preemptions > 0
+    assert_no_leaks(llm)
+
+
+def test_prefix_cache_hits_equal_cold(tiny_tied_dir: Path, plain: PlainLLM) -> None:
+    system = random_prompts([300], seed=11)[0]
+    tails = random_prompts([1, 5, 20, 40, 77], seed=12)
+    cases = [system + t for t in tails]
+    expected = [plain.generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids for p in cases]
+    llm = LLM(str(tiny_tied_dir), dtype="float32")
+    first = llm.generate({"prompt_token_ids": cases[0]}, GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    rest = llm.generate([{"prompt_token_ids": p} for p in cases[1:]], GREEDY)
+    assert [first.outputs[0].token_ids] + [o.outputs[0].token_ids for o in rest] == expected
+    for out in rest:
+        assert out.num_cached_tokens == 288  # 18 full blocks of the shared 300 tokens
+    assert_no_leaks(llm)
+
+
+def test_session_turns_equal_fresh_prompts(tiny_tied_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    llm = LLM(str(tiny_tied_dir), dtype="float32")
+    fresh = LLM(str(tiny_tied_dir), dtype="float32", enable_prefix_caching=False)
+    messages = [{"role": "system", "content": "You are terse. " * 40}]
+    computed = []
+    for turn, question in enumerate(["你好，请介绍一下你自己。", "What is 2 + 2?", "再见 👋"]):
+        messages.append({"role": "user", "content": question})
+        prompt = llm.chat_prompt(messages, {"enable_thinking": False}, session_id="s1")
+        out = llm.chat(messages, params, {"enable_thinking": False}, session_id="s1")
+        assert out.prompt_token_ids == prompt["prompt_token_ids"]
+        cold = fresh.generate({"prompt_token_ids": out.prompt_token_ids}, params)[0]
+        assert out.outputs[0].token_ids == cold.outputs[0].token_ids, f"turn {turn}"
+        computed.append(out.metrics.num_computed_prompt_tokens)
+        if turn > 0:
+            # the session covers the whole earlier stream: only the new turn's tokens are computed
+            new_tokens = len(out.prompt_token_ids) - previous_stream
+            assert out.num_cached_tokens == previous_stream - 1
+            assert out.metrics.num_computed_prompt_tokens == new_tokens + 1
+        previous_stream = len(out.prompt_token_ids) + len(out.outputs[0].token_ids)
+        messages.append({"role": "assistant", "content": out.outputs[0].text})
+    print(f"computed prompt tokens per turn: {computed}")
+    assert llm.close_session("s1")
+    assert_no_leaks(llm)
+
+
+def test_seeded_sampling_same_alone_and_in_batch(tiny_tied_dir: Path) -> None:
+    llm = LLM(str(tiny_tied_dir), dtype="float32")
+    prompts = random_prompts([5, 40, 9, 120, 3, 64, 17, 33], seed=21)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+        SamplingParams(temperature=1.2, top_k=50, seed=2, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.7, min_p=0.05, seed=3, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True),  # unseeded
+        SamplingParams(temperature=0.9, repetition_penalty=1.3, seed=4, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.6, top_k=20, top_p=0.95, seed=5, max_tokens=11, ignore_eos=True),
+        SamplingParams(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.5, seed=6, max_tokens=10, ignore_eos=True),
+    ]
+    batch = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for i in (0, 2, 3, 5, 6, 7):
+        alone = llm.generate({"prompt_token_ids": prompts[i]}, params[i])[0]
+        assert alone.outputs[0].token_ids == batch[i].outputs[0].token_ids, f"request {i}"
+    assert_no_leaks(llm)
+
+
+def test_n_samples_share_prompt_blocks(tiny_tied_dir: Path) -> None:
+    llm = LLM(str(tiny_tied_dir), dtype="float32")
+    prompt = random_prompts([100], seed=31)[0]
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=6, ignore_eos=True))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 6 for c in out.outputs)
+    hits = llm.engine.kv.prefix_cache.hits
+    assert hits >= 2 * 96  # siblings 1 and 2 reuse the 6 full prompt blocks of sibling 0
+    assert_no_leaks(llm)
