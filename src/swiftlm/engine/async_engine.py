@@ -39,6 +39,40 @@ class _Channel:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+class RequestStream:
+    """The output deltas of one submitted request. Leaving the iteration before the request
+    finished (client gone, task cancelled) aborts it and frees its blocks."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, channel: _Channel) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._channel = channel
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await self._channel.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._engine.abort(self.request_id)
+
+    async def final(self) -> RequestOutput:
+        """Wait for the finished output (with ``final_only`` it is the only one)."""
+        last = None
+        async for out in self:
+            last = out
+        assert last is not None
+        return last
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
@@ -64,7 +98,7 @@ class AsyncEngine:
         """Requests accepted but not yet admitted to the running batch."""
         return self._pending_adds + len(self.engine.scheduler.waiting)
 
-    async def generate(
+    def submit(
         self,
         request_id: str,
         prompt_token_ids: list[int],
@@ -72,11 +106,13 @@ class AsyncEngine:
         session_id: str | None = None,
         prompt: str | None = None,
         thinking: bool = False,
-    ) -> AsyncIterator[RequestOutput]:
-        """Submit a request and iterate over its output deltas; the last one has ``finished``.
+        final_only: bool = False,
+    ) -> RequestStream:
+        """Queue a request; iterate the returned stream (in the calling event loop) for its
+        output deltas, the last one with ``finished``. ``final_only`` sends just the finished
+        output (no per-token wake-ups for callers that wait for the whole answer).
 
-        Raises RequestError (bad request), QueueFullError (queue full) or EngineDeadError before
-        the first output. Leaving the iteration early (client gone) aborts the request.
+        Raises at once: RequestError (bad request), QueueFullError (queue full), EngineDeadError.
         """
         if not self._accepting or not self.is_running:
             raise EngineDeadError("the engine is shutting down")
@@ -95,27 +131,26 @@ class AsyncEngine:
                 self._pending_adds -= 1
             try:
                 self.engine.add_request(
-                    request_id, prompt_token_ids, params, session_id, prompt, thinking, arrival_time=arrival
+                    request_id,
+                    prompt_token_ids,
+                    params,
+                    session_id,
+                    prompt,
+                    thinking,
+                    arrival_time=arrival,
+                    final_only=final_only,
                 )
-            except Exception as exc:  # queue filled up meanwhile, or a bad request
+            except Exception as exc:  # the queue filled up meanwhile
                 self._channels.pop(request_id, None)
                 channel.put(exc)
 
         self._submit(add)
-        finished = False
-        try:
-            while True:
-                item = await channel.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+        return RequestStream(self, request_id, channel)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs: Any) -> AsyncIterator[RequestOutput]:
+        """``submit`` and iterate in one call (errors surface at the first iteration)."""
+        async for out in self.submit(request_id, prompt_token_ids, params, **kwargs):
+            yield out
 
     def abort(self, request_id: str) -> None:
         self._channels.pop(request_id, None)

@@ -49,6 +49,7 @@ class _Parent:
     prompt: str | None
     prompt_token_ids: list[int]
     children: list[Request]
+    final_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +110,12 @@ class Engine:
         prompt: str | None = None,
         thinking: bool = False,
         arrival_time: float | None = None,
+        final_only: bool = False,
     ) -> None:
-        """Queue a request (``n`` sequences). Raises RequestError or QueueFullError."""
+        """Queue a request (``n`` sequences). Raises RequestError or QueueFullError.
+
+        ``final_only``: report the request once, when it finishes (callers that wait for the
+        whole answer skip per-token outputs)."""
         if request_id in self._parents:
             raise RequestError(f"request id {request_id!r} is already in use")
         ids = list(prompt_token_ids)
@@ -148,7 +153,7 @@ class Engine:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             self._streams[id(child)] = _Stream(child, request_id, detok, stops)
-        self._parents[request_id] = _Parent(request_id, prompt, ids, children)
+        self._parents[request_id] = _Parent(request_id, prompt, ids, children, final_only)
 
     def validate(self, ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError if the request can never run here. Reads only fixed state."""
@@ -314,8 +319,13 @@ class Engine:
         outputs = []
         for parent_id, children in by_parent.items():
             parent = self._parents.get(parent_id)
-            if parent is not None:
-                outputs.append(self._emit(parent, children))
+            if parent is None:
+                continue
+            if parent.final_only:
+                if not all(c.is_finished for c in parent.children):
+                    continue  # text keeps accumulating in the streams until the end
+                children = parent.children
+            outputs.append(self._emit(parent, children))
         return outputs
 
     @staticmethod

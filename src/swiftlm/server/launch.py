@@ -1,0 +1,68 @@
+"""``swiftlm serve``: load the model, start uvicorn, drain in-flight requests on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+
+import uvicorn
+
+from swiftlm.config import EngineConfig, ServerConfig
+from swiftlm.engine.async_engine import AsyncEngine
+from swiftlm.engine.engine import Engine
+from swiftlm.server.app import create_app
+
+logger = logging.getLogger("swiftlm.server")
+
+
+def _effective_config(engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None) -> str:
+    server = dataclasses.asdict(server_config)
+    if server.get("api_key"):
+        server["api_key"] = "***"
+    return json.dumps(
+        {"engine": dataclasses.asdict(engine_config), "server": server, "quantization": quantization}, default=str
+    )
+
+
+def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT. The port opens at once; /health is 503 until the model loads."""
+    logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("effective configuration: %s", _effective_config(engine_config, server_config, quantization))
+    model_name = server_config.served_model_name or engine_config.model
+    app = create_app(None, server_config, model_name)
+    state = app.state.swiftlm
+    load_error: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            engine = Engine(engine_config)
+            if quantization and quantization != "none":
+                from swiftlm.model.quant import quantize  # noqa: PLC0415 (optional path)
+
+                quantize(engine.model, quantization)
+            state.attach(AsyncEngine(engine))
+            logger.info("model loaded in %.2fs; serving %s", engine.load_seconds, model_name)
+        except BaseException as exc:  # reported, and the server exits
+            load_error.append(exc)
+            logger.exception("could not load the model")
+            server.should_exit = True
+
+    config = uvicorn.Config(
+        app, host=server_config.host, port=server_config.port, log_level=server_config.log_level,
+        timeout_graceful_shutdown=30, access_log=False,
+    )
+    server = uvicorn.Server(config)
+    loader = threading.Thread(target=load, name="swiftlm-load", daemon=True)
+    loader.start()
+    try:
+        asyncio.run(server.serve())
+    finally:
+        # uvicorn has stopped accepting connections and waited for open ones; finish the engine
+        state.shutting_down = True
+        if state.engine is not None:
+            state.engine.shutdown(drain_timeout_s=30.0)
+    if load_error:
+        raise SystemExit(f"error: could not load the model: {load_error[0]}")

@@ -1,0 +1,89 @@
+"""Prometheus metrics, in vLLM's naming style with a ``swiftlm:`` prefix.
+
+Everything lives in the registry of one ``ServerMetrics`` object made by ``create_app``; engine
+state (running / waiting requests, KV usage, prefix-cache counters, sessions) is read from the
+engine at scrape time rather than copied on every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from swiftlm.engine.engine import EngineStats
+from swiftlm.engine.outputs import RequestMetrics
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats | None], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator:
+        stats = self._stats()
+        if stats is None:
+            return
+        labels = ["model_name"]
+        for name, doc, value in (
+            ("swiftlm:num_requests_running", "Requests in the running batch.", stats.num_running),
+            ("swiftlm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+            ("swiftlm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", stats.kv_cache_usage),
+            ("swiftlm:num_sessions", "Sessions holding KV between turns.", stats.num_sessions),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric([self._model], value)
+            yield gauge
+        for name, doc, value in (
+            ("swiftlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
+            ("swiftlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
+            ("swiftlm:num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric([self._model], value)
+            yield counter
+
+
+class ServerMetrics:
+    def __init__(self, model: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        r = self.registry
+        self.ttft = Histogram("swiftlm:time_to_first_token_seconds", "Time to first token.", labels, registry=r, buckets=_LATENCY_BUCKETS)
+        self.itl = Histogram("swiftlm:inter_token_latency_seconds", "Time between streamed output deltas.", labels, registry=r, buckets=_TOKEN_BUCKETS)
+        self.tpot = Histogram("swiftlm:time_per_output_token_seconds", "Mean time per output token after the first, per request.", labels, registry=r, buckets=_TOKEN_BUCKETS)
+        self.e2e = Histogram("swiftlm:e2e_request_latency_seconds", "End-to-end request latency.", labels, registry=r, buckets=_LATENCY_BUCKETS)
+        self.queue_time = Histogram("swiftlm:request_queue_time_seconds", "Time from arrival to first scheduling.", labels, registry=r, buckets=_LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("swiftlm:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("swiftlm:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.success = Counter("swiftlm:request_success", "Finished requests by finish reason.", [*labels, "finished_reason"], registry=r)
+        self.rejected = Counter("swiftlm:request_rejected", "Requests refused, by reason.", [*labels, "reason"], registry=r)
+        r.register(_EngineCollector(stats, model))
+
+    def observe_finished(self, metrics: RequestMetrics | None, prompt_tokens: int, output_tokens: int, finish_reason: str) -> None:
+        m = self.model
+        self.prompt_tokens.labels(m).inc(prompt_tokens)
+        self.generation_tokens.labels(m).inc(output_tokens)
+        self.success.labels(m, finish_reason).inc()
+        if metrics is None:
+            return
+        if metrics.first_scheduled_time is not None:
+            self.queue_time.labels(m).observe(metrics.first_scheduled_time - metrics.arrival_time)
+        if metrics.first_token_time is not None:
+            self.ttft.labels(m).observe(metrics.first_token_time - metrics.arrival_time)
+            if metrics.finished_time is not None:
+                self.e2e.labels(m).observe(metrics.finished_time - metrics.arrival_time)
+                if output_tokens > 1:
+                    self.tpot.labels(m).observe((metrics.finished_time - metrics.first_token_time) / (output_tokens - 1))
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

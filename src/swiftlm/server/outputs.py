@@ -1,0 +1,66 @@
+"""From engine outputs to OpenAI response pieces: reasoning split, logprobs, usage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+from swiftlm.server.protocol import (
+    ChoiceLogprobs,
+    CompletionLogprobs,
+    TokenLogprob,
+    TopLogprob,
+    UsageInfo,
+)
+from swiftlm.text.tokenizer import Tokenizer
+
+
+def reasoning_token_count(token_ids: Sequence[int], thinking: bool, think_end_id: int | None) -> int:
+    """Output tokens spent thinking: through ``</think>``, or all of them if it never closed."""
+    if not thinking or think_end_id is None:
+        return 0
+    try:
+        return token_ids.index(think_end_id) + 1
+    except ValueError:
+        return len(token_ids)
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def top_entries(step: dict[int, float], k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely tokens of a step (its dict holds the sampled token and the top k)."""
+    return sorted(step.items(), key=lambda item: -item[1])[:k]
+
+
+def chat_logprobs(tokenizer: Tokenizer, seq: CompletionOutput, k: int) -> ChoiceLogprobs | None:
+    if seq.logprobs is None:
+        return None
+    content = []
+    for token_id, step in zip(seq.token_ids, seq.logprobs, strict=False):
+        top = [
+            TopLogprob(token=(t := token_text(tokenizer, tid)), logprob=lp, bytes=list(t.encode()))
+            for tid, lp in top_entries(step, k)
+        ]
+        text = token_text(tokenizer, token_id)
+        content.append(TokenLogprob(token=text, logprob=step[token_id], bytes=list(text.encode()), top_logprobs=top))
+    return ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(tokenizer: Tokenizer, seq: CompletionOutput, k: int, offset: int) -> CompletionLogprobs | None:
+    if seq.logprobs is None:
+        return None
+    out = CompletionLogprobs()
+    for token_id, step in zip(seq.token_ids, seq.logprobs, strict=False):
+        text = token_text(tokenizer, token_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(step[token_id])
+        out.top_logprobs.append({token_text(tokenizer, t): lp for t, lp in top_entries(step, k)})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def usage_of(out: RequestOutput, completion_tokens: int, reasoning_tokens: int = 0) -> UsageInfo:
+    return UsageInfo.of(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens, reasoning_tokens)

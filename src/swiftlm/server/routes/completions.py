@@ -1,0 +1,152 @@
+"""POST /v1/completions (legacy text completions): one or several prompts, text or token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from swiftlm.engine.async_engine import RequestStream
+from swiftlm.engine.outputs import RequestOutput
+from swiftlm.server.outputs import completion_logprobs
+from swiftlm.server.protocol import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+    new_id,
+)
+from swiftlm.server.request_mapping import (
+    check_max_tokens,
+    completion_prompts,
+    sampling_params_from_completion,
+)
+from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def create_completion(req: CompletionRequest, raw: Request) -> Response:
+    state = server_state(raw)
+    engine = state.ready_engine()
+    state.check_model(req.model)
+    tokenizer = engine.tokenizer
+    vocab = engine.engine.model.config.vocab_size
+    request_id = new_id("cmpl-")
+    prepared = []
+    for prompt in completion_prompts(req, vocab):
+        text, ids = (prompt, tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, list(prompt))
+        room = engine.max_model_len - len(ids)
+        params = sampling_params_from_completion(
+            req, max(room, 1), tokenizer.generation_defaults, vocab_size=vocab, max_n=state.config.max_n
+        )
+        check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
+        prepared.append((text, ids, params))
+    streams: list[RequestStream] = []
+    try:
+        for i, (text, ids, params) in enumerate(prepared):
+            rid = request_id if len(prepared) == 1 else f"{request_id}-p{i}"
+            streams.append(state.submit(rid, ids, params, req.session_id, text, False, final_only=not req.stream))
+    except Exception:
+        for s in streams:
+            engine.abort(s.request_id)
+        raise
+    n = prepared[0][2].n
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(
+            _stream(state, req, request_id, streams, n, include_usage), media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    try:
+        outs = await asyncio.gather(*(s.final() for s in streams))
+    except Exception as exc:
+        raise stream_failure(exc) from exc
+    choices = []
+    prompt_tokens = completion_tokens = cached = 0
+    for p, out in enumerate(outs):
+        if out.error:
+            raise output_error(out.error)
+        prefix = (out.prompt or tokenizer.decode(out.prompt_token_ids)) if req.echo else ""
+        for seq in out.outputs:
+            choices.append(
+                CompletionChoice(
+                    index=p * n + seq.index, text=prefix + seq.text,
+                    logprobs=completion_logprobs(tokenizer, seq, req.logprobs or 0, len(prefix)) if req.logprobs is not None else None,
+                    finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                )
+            )
+            completion_tokens += len(seq.token_ids)
+        prompt_tokens += len(out.prompt_token_ids)
+        cached += out.num_cached_tokens
+        state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), sum(len(s.token_ids) for s in out.outputs), out.outputs[0].finish_reason or "stop")
+    usage = UsageInfo.of(prompt_tokens, completion_tokens, cached)
+    body = CompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage)
+    return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+async def _stream(
+    state: ServerState, req: CompletionRequest, request_id: str, streams: list[RequestStream], n: int, include_usage: bool
+) -> AsyncIterator[str]:
+    tokenizer = state.engine.tokenizer
+    created = int(time.time())
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(p: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((p, out))
+        except Exception as exc:
+            await queue.put((p, exc))
+        await queue.put((p, None))
+
+    tasks = [asyncio.create_task(pump(p, s)) for p, s in enumerate(streams)]
+    finals: dict[int, RequestOutput] = {}
+    offsets: dict[int, int] = {}
+    open_streams = len(streams)
+    generated = 0
+    try:
+        while open_streams:
+            p, item = await queue.get()
+            if item is None:
+                open_streams -= 1
+                continue
+            if isinstance(item, BaseException):
+                yield stream_failure(item).sse_event()
+                break
+            if item.error:
+                yield output_error(item.error).sse_event()
+                break
+            choices = []
+            for seq in item.outputs:
+                index = p * n + seq.index
+                generated += len(seq.token_ids)
+                text = seq.text
+                if req.echo and index not in offsets:
+                    text = (item.prompt or tokenizer.decode(item.prompt_token_ids)) + text
+                logprobs = None
+                if req.logprobs is not None and seq.token_ids:
+                    logprobs = completion_logprobs(tokenizer, seq, req.logprobs, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + len(text)
+                choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+            body = CompletionChunk(id=request_id, created=created, model=state.model_name, choices=choices)
+            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+            if item.finished:
+                finals[p] = item
+        if include_usage and len(finals) == len(streams):
+            usage = UsageInfo.of(
+                sum(len(o.prompt_token_ids) for o in finals.values()),
+                generated,
+                sum(o.num_cached_tokens for o in finals.values()),
+            )
+            body = CompletionChunk(id=request_id, created=created, model=state.model_name, choices=[], usage=usage)
+            yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()

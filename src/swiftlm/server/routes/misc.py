@@ -1,0 +1,100 @@
+"""Models, health, metrics, tokenizer endpoints and session management."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from swiftlm.server.auth import session_scope
+from swiftlm.server.errors import bad_request, not_found
+from swiftlm.server.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from swiftlm.server.request_mapping import chat_messages, check_token_ids, template_kwargs, template_tools
+from swiftlm.server.state import server_state
+from swiftlm.text.chat_template import ChatTemplateError
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(raw: Request) -> Response:
+    state = server_state(raw)
+    if state.engine is None or state.shutting_down or not state.engine.is_running:
+        status = "loading" if state.engine is None else "unavailable"
+        return JSONResponse({"status": status}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(raw: Request) -> Response:
+    state = server_state(raw)
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/models")
+async def list_models(raw: Request) -> Response:
+    state = server_state(raw)
+    max_len = state.engine.max_model_len if state.engine is not None else None
+    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=max_len)
+    return Response(ModelList(data=[card]).model_dump_json(exclude_none=True), media_type="application/json")
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, raw: Request) -> Response:
+    state = server_state(raw)
+    state.check_model(model_id)
+    max_len = state.engine.max_model_len if state.engine is not None else None
+    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=max_len)
+    return Response(card.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+@router.post("/tokenize")
+async def tokenize(req: TokenizeRequest, raw: Request) -> Response:
+    state = server_state(raw)
+    engine = state.ready_engine()
+    state.check_model(req.model)
+    tokenizer = engine.tokenizer
+    if req.messages is not None:
+        kwargs = template_kwargs(req, state.config.default_chat_template_kwargs)
+        try:
+            text = tokenizer.apply_chat_template(
+                chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+                tools=template_tools(req), **kwargs,
+            )
+        except ChatTemplateError as exc:
+            raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
+        ids = tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+    else:
+        add = True if req.add_special_tokens is None else req.add_special_tokens
+        ids = tokenizer.encode(req.prompt or "", add_special_tokens=add)
+    strs = [s or "" for s in tokenizer.convert_ids_to_tokens(ids)] if req.return_token_strs else None
+    body = TokenizeResponse(tokens=ids, count=len(ids), max_model_len=engine.max_model_len, token_strs=strs)
+    return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+@router.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, raw: Request) -> Response:
+    state = server_state(raw)
+    engine = state.ready_engine()
+    state.check_model(req.model)
+    check_token_ids(req.tokens, engine.engine.model.config.vocab_size, "tokens")
+    text = engine.tokenizer.decode(req.tokens, skip_special_tokens=False)
+    return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def close_session(session_id: str, raw: Request) -> Response:
+    """Release a session's KV at once (it would otherwise expire after its TTL)."""
+    state = server_state(raw)
+    engine = state.ready_engine()
+    key = f"{session_scope(raw)}/{session_id}"
+    state.session_prompts.forget(key)
+    if not await engine.close_session(key):
+        raise not_found(f"no session '{session_id}' is open", param="session_id", code="session_not_found")
+    return JSONResponse({"id": session_id, "object": "session", "deleted": True})

@@ -1,0 +1,97 @@
+"""Per-app server state, made by ``create_app`` and reached through ``request.app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from swiftlm.config import ServerConfig
+from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from swiftlm.engine.engine import EngineStats, RequestError
+from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.sampling import SamplingParams
+from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
+from swiftlm.server.metrics import ServerMetrics
+from swiftlm.text.session_prompt import SessionPrompts
+
+
+@dataclass(slots=True)
+class ServerState:
+    config: ServerConfig
+    model_name: str
+    engine: AsyncEngine | None = None  # None until the model is loaded (/health answers 503)
+    session_prompts: SessionPrompts | None = None
+    metrics: ServerMetrics = field(init=False)
+    shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.model_name, self.engine_stats)
+
+    def attach(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.session_prompts = SessionPrompts(engine.tokenizer)
+
+    def engine_stats(self) -> EngineStats | None:
+        return self.engine.engine.stats() if self.engine is not None else None
+
+    def ready_engine(self) -> AsyncEngine:
+        if self.shutting_down:
+            raise service_unavailable("The server is shutting down.")
+        if self.engine is None:
+            raise service_unavailable("The model is still loading; retry shortly.", retry_after_s=2)
+        return self.engine
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise not_found(
+                f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        session_id: str | None,
+        prompt: str | None,
+        thinking: bool,
+        final_only: bool,
+    ) -> RequestStream:
+        """Hand a request to the engine, turning refusals into HTTP errors."""
+        engine = self.ready_engine()
+        try:
+            return engine.submit(request_id, prompt_token_ids, params, session_id, prompt, thinking, final_only)
+        except QueueFullError as exc:
+            self.metrics.observe_rejected("queue_full")
+            raise too_many_requests(self.config.retry_after_s, str(exc)) from exc
+        except RequestError as exc:
+            self.metrics.observe_rejected("bad_request")
+            raise bad_request(str(exc)) from exc
+        except EngineDeadError as exc:
+            self.metrics.observe_rejected("shutting_down")
+            raise service_unavailable(str(exc)) from exc
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.swiftlm
+
+
+def output_error(error: str) -> OpenAIError:
+    """An engine-side failure of one request, as the HTTP error to answer with."""
+    if "max_queue_wait" in error or error.startswith("queue_timeout"):
+        return service_unavailable(f"The request waited too long in the queue: {error}", retry_after_s=1)
+    return OpenAIError(500, f"The request failed inside the engine: {error}")
+
+
+def stream_failure(exc: BaseException) -> OpenAIError:
+    """An exception raised while iterating a request's outputs, as an HTTP error."""
+    if isinstance(exc, QueueFullError):
+        return too_many_requests(1, str(exc))
+    if isinstance(exc, RequestError):
+        return bad_request(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return service_unavailable(str(exc))
+    return OpenAIError(500, f"The request failed inside the engine: {exc}")
