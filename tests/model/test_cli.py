@@ -92,17 +92,18 @@ def test_chat_answers_each_turn_and_reuses_the_session(tiny_tied_dir: Path) -> N
     assert proc.stdout.decode() == first + "\n" + second + "\n"
 
 
-def test_chat_reset_starts_a_fresh_conversation(tiny_tied_dir: Path) -> None:
-    proc = run_cli(
-        "chat", "--model", str(tiny_tied_dir), "--dtype", "float32", "--no-think",
-        "--max-tokens", "4", "--temperature", "0",
-        stdin="你好\n/reset\n你好\n",  # EOF ends
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()
-    turns = [tuple(map(int, m)) for m in TURN_STATS.findall(proc.stderr.decode())]
+def test_chat_reset_starts_a_fresh_conversation(
+    tiny_tied_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("你好\n/reset\n你好\n"))  # EOF ends
+    argv = ["chat", "--model", str(tiny_tied_dir), "--dtype", "float32", "--no-think",
+            "--max-tokens", "4", "--temperature", "0"]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    turns = [tuple(map(int, m)) for m in TURN_STATS.findall(err)]
     assert len(turns) == 2
     assert turns[0][0] == turns[1][0]  # the same prompt again: the history is gone
-    assert "[history cleared]" in proc.stderr.decode()
+    assert "[history cleared]" in err
 
 
 def test_turn_printer_shows_reasoning_apart_from_the_answer() -> None:

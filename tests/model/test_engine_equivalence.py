@@ -94,6 +94,7 @@ def test_session_turns_equal_fresh_prompts(tiny_tied_dir: Path) -> None:
     fresh = LLM(str(tiny_tied_dir), dtype="float32", enable_prefix_caching=False)
     messages = [{"role": "system", "content": "You are terse. " * 40}]
     computed = []
+    previous_stream = 0  # tokens of the session's real stream after the previous turn
     for turn, question in enumerate(["你好，请介绍一下你自己。", "What is 2 + 2?", "再见 👋"]):
         messages.append({"role": "user", "content": question})
         prompt = llm.chat_prompt(messages, {"enable_thinking": False}, session_id="s1")
