@@ -9,7 +9,6 @@ print one ``error: ...`` line and exit with status 2.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import sys
@@ -153,7 +152,6 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
 
 def _run_serve(args: argparse.Namespace) -> int:
     engine_config, server_config = build_configs(args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from swiftlm.server.launch import serve
 
     serve(engine_config, server_config, None if args.quantization == "none" else args.quantization)

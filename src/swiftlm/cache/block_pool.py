@@ -11,6 +11,8 @@ Invariants (checked by ``check_integrity``):
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,7 +28,9 @@ class NoFreeBlocksError(RuntimeError):
 class BlockKey:
     """Identity of a full block's contents: a hash chained over all earlier blocks.
 
-    ``parent`` and ``token_ids`` confirm a hit, so a hash collision can never alias two blocks.
+    ``parent`` and ``token_ids`` confirm a hit, but ``parent`` is only the parent's hash, so the
+    earlier blocks are confirmed only as far as the hash resists collisions. Python's ``hash`` does
+    not (two 16-token blocks with equal tuple hashes are easy to craft): the hash is a SHA-256 digest.
     """
 
     hash: int
@@ -35,7 +39,9 @@ class BlockKey:
 
     @classmethod
     def of(cls, parent: int | None, token_ids: tuple[int, ...]) -> BlockKey:
-        return cls(hash((parent, token_ids)), parent, token_ids)
+        head = b"\0" if parent is None else b"\1" + parent.to_bytes(32, "little")
+        digest = hashlib.sha256(head + array("q", token_ids).tobytes()).digest()
+        return cls(int.from_bytes(digest, "little"), parent, token_ids)
 
 
 class BlockPool:

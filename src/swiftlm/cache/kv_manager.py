@@ -5,6 +5,8 @@ Touches no tensors; the runner reads a request's ``block_ids`` to address the KV
 
 from __future__ import annotations
 
+from collections import Counter
+
 from swiftlm.cache.block_pool import BlockPool
 from swiftlm.cache.prefix_cache import PrefixCache
 from swiftlm.cache.sessions import SessionStore
@@ -55,6 +57,9 @@ class KVCacheManager:
         held = session_blocks if use_session else len(hits)
         need = blocks_for(reused + num_new, bs) - held
         keep = request.session_id if use_session else None
+        short = need + (0 if use_session else self._free_hits(hits)) - self.pool.num_free_blocks
+        if short > 0 and self._releasable(keep, [] if use_session else hits) < short:
+            return 0  # releasing every idle session would not make room: keep them
         while self.pool.num_free_blocks < need + (0 if use_session else self._free_hits(hits)):
             if not self.sessions.release_oldest(exclude=keep):
                 return 0
@@ -81,6 +86,13 @@ class KVCacheManager:
     def _free_hits(self, hits: list[int]) -> int:
         """Hit blocks now in the free queue: taking them shrinks the free queue too."""
         return sum(1 for b in hits if self.pool.ref_count(b) == 0)
+
+    def _releasable(self, exclude: str | None, hits: list[int]) -> int:
+        """Blocks that releasing every session but ``exclude`` would free, hit blocks not counted
+        (a released hit block joins the free queue and leaves it again when the request takes it)."""
+        pins = Counter(b for s in self.sessions.all() if s.session_id != exclude for b in s.block_ids)
+        taken = set(hits)
+        return sum(1 for b, n in pins.items() if n == self.pool.ref_count(b) and b not in taken)
 
     def _make_room(self, num_blocks: int) -> bool:
         """Ensure ``num_blocks`` free blocks, releasing idle sessions (oldest first) if needed."""

@@ -61,6 +61,7 @@ class EngineStats:
     prefix_cache_hits: int
     num_sessions: int
     num_preemptions: int
+    num_aborted: int
 
 
 class Engine:
@@ -90,6 +91,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, self.kv_cache, config.device)
         self._parents: dict[str, _Parent] = {}
+        self.num_aborted = 0
         self._streams: dict[int, _Stream] = {}  # id(request) -> stream
         ids = [i for i in (self.tokenizer.think_end_id,) if i is not None]
         self._think_end_ids = tuple(ids + self.tokenizer.encode("\n\n")) if ids else ()
@@ -189,6 +191,7 @@ class Engine:
         parent = self._parents.get(request_id)
         if parent is None:
             return None
+        self.num_aborted += 1
         for child in parent.children:
             self.scheduler.finish(child, FinishReason.ABORT)
         return self._emit(parent, parent.children)
@@ -218,6 +221,7 @@ class Engine:
             prefix_cache_hits=self.kv.prefix_cache.hits,
             num_sessions=len(self.kv.sessions),
             num_preemptions=self.scheduler.num_preemptions,
+            num_aborted=self.num_aborted,
         )
 
     # -- the step ------------------------------------------------------------------------------

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
 import threading
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -16,6 +19,20 @@ from swiftlm.engine.engine import Engine
 from swiftlm.server.app import create_app
 
 logger = logging.getLogger("swiftlm.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but SIGTERM/SIGINT end ``serve`` normally instead of being re-raised after the
+    graceful shutdown, so the engine can drain and the process exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _effective_config(engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None) -> str:
@@ -54,7 +71,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization
         app, host=server_config.host, port=server_config.port, log_level=server_config.log_level,
         timeout_graceful_shutdown=30, access_log=False,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     loader = threading.Thread(target=load, name="swiftlm-load", daemon=True)
     loader.start()
     try:

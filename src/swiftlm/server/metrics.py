@@ -43,6 +43,7 @@ class _EngineCollector(Collector):
             ("swiftlm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries),
             ("swiftlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ("swiftlm:num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions),
+            ("swiftlm:num_aborted_requests", "Requests aborted (client gone or cancelled).", stats.num_aborted),
         ):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self._model], value)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.engine.outputs import RequestOutput
@@ -34,6 +34,7 @@ from swiftlm.server.request_mapping import (
     template_tools,
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
+from swiftlm.server.streaming import EventStream
 from swiftlm.text.chat_template import ChatTemplateError
 from swiftlm.text.reasoning import ReasoningStreamParser, split_reasoning
 
@@ -86,10 +87,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Re
     )
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            _stream_chat(state, req, turn, stream, include_usage),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        engine = state.ready_engine()
+        return EventStream(
+            _stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(turn.request_id)
         )
     try:
         out = await stream.final()

@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.engine.outputs import RequestOutput
@@ -26,6 +26,7 @@ from swiftlm.server.request_mapping import (
     sampling_params_from_completion,
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
+from swiftlm.server.streaming import EventStream
 
 router = APIRouter()
 
@@ -59,10 +60,11 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     n = prepared[0][2].n
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            _stream(state, req, request_id, streams, n, include_usage), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        def close() -> None:
+            for s in streams:
+                engine.abort(s.request_id)
+
+        return EventStream(_stream(state, req, request_id, streams, n, include_usage), close)
     try:
         outs = await asyncio.gather(*(s.final() for s in streams))
     except Exception as exc:

@@ -1,0 +1,109 @@
+"""Sessions over HTTP (scoped to the API key), metrics, and the served process itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import ANSWER, free_port
+
+
+@pytest.fixture(scope="module")
+def server(start_server, tiny_tied_dir):
+    return start_server(tiny_tied_dir)
+
+
+def test_session_turn_two_reuses_turn_one(server) -> None:
+    client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")
+    messages = [{"role": "system", "content": "You answer briefly. " * 20}, {"role": "user", "content": "你好"}]
+    extra = {"session_id": "conv-1", "enable_thinking": False, "ignore_eos": True}
+    first = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0, extra_body=extra)
+    turn1_tokens = first.usage.prompt_tokens + first.usage.completion_tokens
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "再见"}]
+    second = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0, extra_body=extra)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    print(f"turn 1: {turn1_tokens} tokens; turn 2: prompt {second.usage.prompt_tokens}, cached {cached}")
+    assert cached == turn1_tokens - 1  # all of turn 1 except its last sampled token, never run
+    # another API key does not see this session
+    other = openai.OpenAI(base_url=server.v1, api_key="another-key")
+    third = other.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0, extra_body=extra)
+    assert third.usage.prompt_tokens_details.cached_tokens < cached
+    r = httpx.delete(server.v1 + "/sessions/conv-1", headers={"Authorization": "Bearer EMPTY"})
+    assert r.status_code == 200 and r.json()["deleted"] is True
+    assert httpx.delete(server.v1 + "/sessions/conv-1", headers={"Authorization": "Bearer EMPTY"}).status_code == 404
+    httpx.delete(server.v1 + "/sessions/conv-1", headers={"Authorization": "Bearer another-key"})
+    server.assert_no_leaks()
+
+
+def test_metrics_exposed(server) -> None:
+    client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")
+    client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    text = httpx.get(server.base_url + "/metrics").text
+    for name in (
+        "swiftlm:time_to_first_token_seconds_bucket",
+        "swiftlm:inter_token_latency_seconds",
+        "swiftlm:e2e_request_latency_seconds_count",
+        "swiftlm:request_queue_time_seconds_count",
+        "swiftlm:num_requests_running",
+        "swiftlm:num_requests_waiting",
+        "swiftlm:kv_cache_usage_perc",
+        "swiftlm:prefix_cache_queries_total",
+        "swiftlm:prefix_cache_hits_total",
+        "swiftlm:num_sessions",
+        "swiftlm:prompt_tokens_total",
+        "swiftlm:generation_tokens_total",
+        "swiftlm:request_rejected",
+    ):
+        assert name in text, name
+    count = [ln for ln in text.splitlines() if ln.startswith("swiftlm:e2e_request_latency_seconds_count")]
+    assert float(count[0].split()[-1]) >= 1
+
+
+def test_tokenize_roundtrip(server) -> None:
+    r = httpx.post(server.base_url + "/tokenize", json={"prompt": "你好 👋 world"})
+    assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"])
+    back = httpx.post(server.base_url + "/detokenize", json={"tokens": r.json()["tokens"]})
+    assert back.json()["prompt"] == "你好 👋 world"
+
+
+def test_serve_command_health_and_graceful_shutdown(scripted_model_dir) -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swiftlm", "serve", str(scripted_model_dir), "--port", str(port), "--dtype", "float32",
+         "--served-model-name", "scripted"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        seen_loading = False
+        while time.monotonic() < deadline:
+            try:
+                code = httpx.get(base + "/health", timeout=1).status_code
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            seen_loading |= code == 503
+            if code == 200:
+                break
+            time.sleep(0.02)
+        assert code == 200
+        client = openai.OpenAI(base_url=base + "/v1", api_key="EMPTY")
+        reply = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}],
+                                               temperature=0, extra_body={"enable_thinking": False})
+        assert reply.choices[0].message.content == ANSWER
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert "effective configuration" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
