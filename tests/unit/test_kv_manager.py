@@ -213,8 +213,13 @@ def test_admit_counts_released_hit_blocks_once() -> None:
     filler = req("f", [50] * 8)
     run_prompt(kv, filler, sampled=None)
     assert filler.block_ids == [3, 4] and kv.pool.free_queue() == [5]
-    # r hits block 1 (pinned by "a") and needs 2 blocks: releasing "a" frees blocks 2 and 1, of
-    # which block 1 is the hit: 5 and 2 are what is left for r
+    # a request hitting block 1 (pinned by "a") that needs 3 more blocks: releasing "a" would free
+    # blocks 2 and 1, but block 1 is the hit, so only 5 and 2 are there: not enough, "a" stays
+    big = req("big", prompt[:4] + [60] * 9)
+    before = state(kv)
+    assert kv.admit(big, 10_000, now=0.0) == 0
+    assert state(kv) == before
+    # r needs 2 more blocks: releasing "a" gives them (5 and 2)
     r = req("r", prompt[:4] + [60] * 5)
     assert kv.admit(r, 10_000, now=0.0) == 5
     assert r.num_computed_tokens == 4 and r.block_ids == [1, 5, 2]

@@ -31,19 +31,23 @@ AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Te
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One request. q: [q_len, Hq, D]; k, v: [kv_len, Hkv, D] with q the last q_len of kv.
 
-    Returns [q_len, Hq, D].
+    Returns [q_len, Hq, D]. K/V heads are repeated to the query heads (rather than SDPA's GQA
+    mode) so that reduced-precision results round exactly as the reference implementation's.
     """
     q_len, kv_len = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, len, D]
+    group = q.shape[1] // k.shape[1]
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, q_len, D]
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)  # [1, Hq, kv_len, D]
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
     if q_len == kv_len:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=q_len > 1)
     elif q_len == 1:
-        out = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+        out = F.scaled_dot_product_attention(qh, kh, vh)
     else:
         rows = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
         mask = torch.arange(kv_len, device=q.device).unsqueeze(0) <= rows  # [q_len, kv_len]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
-    return out.transpose(0, 1)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return out[0].transpose(0, 1)
 
 
 class DenseAttention:
