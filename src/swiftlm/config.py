@@ -127,14 +127,22 @@ class SchedulerConfig:
             raise ConfigError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
 
 
+QUANTIZATIONS = ("int8", "int4")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str
     dtype: str = "auto"
     device: str = "cpu"
     seed: int = 0
+    quantization: str | None = None  # None | "int8" | "int4": weight-only, applied at load
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none, got {self.quantization!r}")
 
 
 @dataclass(frozen=True, slots=True)

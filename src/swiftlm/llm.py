@@ -23,12 +23,16 @@ _PROGRESS_MIN = 16  # show a progress bar from this many prompts on
 
 def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs: Any) -> EngineConfig:
     """Split flat keyword arguments (vLLM style) into the engine's config dataclasses."""
-    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed"}
+    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization"}
     if unknown:
         raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
     cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in _CACHE_KEYS})
     sched = SchedulerConfig(**{k: v for k, v in kwargs.items() if k in _SCHED_KEYS})
-    return EngineConfig(model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0), cache=cache, scheduler=sched)
+    quantization = kwargs.get("quantization")
+    return EngineConfig(
+        model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0),
+        quantization=None if quantization in (None, "none") else quantization, cache=cache, scheduler=sched,
+    )
 
 
 class LLM:

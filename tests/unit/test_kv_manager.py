@@ -11,7 +11,10 @@ BS = 4
 
 def req(rid: str, tokens: list[int], session_id: str | None = None) -> Request:
     return Request(
-        request_id=rid, prompt_token_ids=list(tokens), sampling_params=SamplingParams(), arrival_time=0.0,
+        request_id=rid,
+        prompt_token_ids=list(tokens),
+        sampling_params=SamplingParams(),
+        arrival_time=0.0,
         session_id=session_id,
     )
 
@@ -26,7 +29,9 @@ def run_prompt(kv: KVCacheManager, r: Request, sampled: int | None = 999) -> Non
         r.append_output(sampled)
 
 
-def finish(kv: KVCacheManager, r: Request, reason: FinishReason = FinishReason.STOP, now: float = 0.0) -> None:
+def finish(
+    kv: KVCacheManager, r: Request, reason: FinishReason = FinishReason.STOP, now: float = 0.0
+) -> None:
     r.finish_reason = reason
     kv.release_finished(r, now)
 
@@ -159,17 +164,17 @@ def test_prefix_hits_preferred_when_they_cover_more_and_the_session_is_closed() 
 
 def test_sessions_released_under_memory_pressure_oldest_first_never_the_one_taken() -> None:
     kv = KVCacheManager(9, BS, max_session_tokens=1000)  # 8 usable blocks
-    start_session(kv, "a", [1] * 7)  # 8 tokens, 7 computed: 2 blocks each
-    start_session(kv, "s", [2] * 7)
+    start_session(kv, "s", [2] * 7)  # 8 tokens, 7 computed: 2 blocks each
+    start_session(kv, "a", [1] * 7)
     start_session(kv, "b", [3] * 7)
     assert [s.block_ids for s in kv.sessions.all()] == [[1, 2], [3, 4], [5, 6]]
     assert kv.pool.free_queue() == [7, 8]
-    # turn 2 of "s" reuses its 7 tokens and needs 4 more blocks for 14 new tokens
+    # turn 2 of "s" (the oldest session) reuses its 7 tokens and needs 4 more blocks for 14 new ones
     r = req("s2", [2] * 8 + [9] * 13, session_id="s")
     assert kv.admit(r, 10_000, now=1.0) == 14
     assert r.num_computed_tokens == 7
-    # "a" (the oldest) is released, tail first; "b" was not needed; "s" is the request's now
-    assert r.block_ids == [3, 4, 7, 8, 2, 1]
+    # "a" (the oldest but "s") is released, tail first; "b" was not needed; "s" is the request's now
+    assert r.block_ids == [1, 2, 7, 8, 4, 3]
     assert [s.session_id for s in kv.sessions.all()] == ["b"]
     kv.check_integrity([r])
 

@@ -41,12 +41,20 @@ class Harness:
         self.slots: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def add(
-        self, rid: str, prompt: list[int], max_tokens: int = 4, session_id: str | None = None,
+        self,
+        rid: str,
+        prompt: list[int],
+        max_tokens: int = 4,
+        session_id: str | None = None,
         wait_for: Request | None = None,
     ) -> Request:
         r = Request(
-            request_id=rid, prompt_token_ids=list(prompt), sampling_params=SamplingParams(max_tokens=max_tokens),
-            arrival_time=self.clock.now, session_id=session_id, wait_for=wait_for,
+            request_id=rid,
+            prompt_token_ids=list(prompt),
+            sampling_params=SamplingParams(max_tokens=max_tokens),
+            arrival_time=self.clock.now,
+            session_id=session_id,
+            wait_for=wait_for,
         )
         self.sched.add_request(r)
         return r
@@ -347,6 +355,22 @@ def test_sessions_across_turns_through_the_scheduler() -> None:
     h.assert_no_leaks()
 
 
+def test_an_edited_conversation_leaves_the_cached_history_intact() -> None:
+    h = Harness(max_num_batched_tokens=100)
+    t1 = h.add("t1", prompt(6), max_tokens=3, session_id="s")
+    h.run()
+    assert h.kv.sessions.get("s").block_ids == [1, 2] and h.kv.pool.key_of(2) is not None
+    # the next turn diverges at token 6, inside the cached block 2: only block 1 is reused
+    t2 = h.add("t2", t1.all_token_ids[:6] + [77, 78], max_tokens=2, session_id="s")
+    assert h.step() == [("t2", 4, True)]
+    assert t2.num_cached_tokens == 4 and t2.block_ids == [1, 3]
+    # the old history still hits blocks 1 and 2, which hold its KV (the shadow cache checks)
+    t3 = h.add("t3", t1.all_token_ids[:8] + [5], max_tokens=1)
+    assert h.step() == [("t2", 1, True), ("t3", 1, True)]
+    assert t3.num_cached_tokens == 8 and t2.is_finished and t3.is_finished
+    h.assert_no_leaks()
+
+
 def test_no_leaks_after_aborts_mid_prefill_and_mid_decode() -> None:
     h = Harness(num_blocks=20, max_num_batched_tokens=10, max_num_seqs=4)
     shared = prompt(8, 500)
@@ -377,12 +401,13 @@ def test_no_leaks_after_aborts_mid_prefill_and_mid_decode() -> None:
     h.assert_no_leaks()
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(50))
 def test_random_workload_keeps_every_block_accounted_for(seed: int) -> None:
     """Arrivals, shared prefixes, sessions, aborts and preemption on a small pool."""
     rng = random.Random(seed)
-    h = Harness(num_blocks=10, max_num_batched_tokens=rng.choice([3, 7, 16]), max_num_seqs=4,
-                max_session_tokens=16)
+    h = Harness(
+        num_blocks=10, max_num_batched_tokens=rng.choice([3, 7, 16]), max_num_seqs=4, max_session_tokens=16
+    )
     prefixes = [prompt(rng.randint(1, 9), 1000 * k) for k in range(3)]
     live: list[Request] = []
     for i in range(80):
@@ -390,8 +415,13 @@ def test_random_workload_keeps_every_block_accounted_for(seed: int) -> None:
         if len(h.sched.waiting) < 4 and rng.random() < 0.5:
             sid = rng.choice([None, None, "s1", "s2"])
             s = h.kv.sessions.get(sid) if sid else None
-            base = s.token_ids if s is not None and rng.random() < 0.7 else rng.choice(prefixes)
-            p = (base + prompt(rng.randint(1, 6), 100 * i))[-20:]  # at most 20 + 12 tokens: 8 blocks
+            base = rng.choice(prefixes)
+            if s is not None and rng.random() < 0.7:  # the next turn, or a conversation edited back
+                base = s.token_ids if rng.random() < 0.5 else s.token_ids[: rng.randint(1, len(s.token_ids))]
+            elif rng.random() < 0.3 and h.finished:  # a request seen before, maybe cut short
+                seen = rng.choice(h.finished).all_token_ids
+                base = seen[: rng.randint(1, len(seen))]
+            p = (base + prompt(rng.randint(1, 6), 100 * i))[:20]  # at most 20 + 12 tokens: 8 blocks
             live.append(h.add(f"r{i}", p, max_tokens=rng.randint(1, 12), session_id=sid))
         if live and rng.random() < 0.1:
             h.sched.finish(live.pop(rng.randrange(len(live))), FinishReason.ABORT)

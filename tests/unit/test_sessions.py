@@ -31,7 +31,9 @@ def owner(blocks: list[int]) -> Request:
     return r
 
 
-def put_history(kv: KVCacheManager, sid: str = "s", now: float = 0.0, tokens: list[int] = HISTORY) -> list[int]:
+def put_history(
+    kv: KVCacheManager, sid: str = "s", now: float = 0.0, tokens: list[int] = HISTORY
+) -> list[int]:
     blocks = finished_turn(kv, tokens, len(tokens) - 1)
     kv.sessions.put(sid, list(tokens), blocks, len(tokens) - 1, now)
     return blocks

@@ -92,7 +92,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="measure an OpenAI-compatible server, or compare two",
         description="Benchmarks. Every run is seeded and writes JSON, Markdown and plots.",
     )
-    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{serve,ab}")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{serve,ab,engine}")
 
     serve = sub.add_parser("serve", help="load-test one server at one or more concurrency levels")
     serve.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (with or without /v1)")
@@ -140,8 +140,16 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_common(ab)
     ab.set_defaults(func=handle_ab)
 
-    # ---- `bench engine` (offline engine benchmark, no HTTP) goes here. It is written separately:
-    # its owner adds its subparser to `sub` (and "engine" to the metavar above). ----
+    engine = sub.add_parser("engine", help="in-process prefill/decode speed by batch size and context")
+    engine.add_argument("--model", required=True, help="checkpoint directory or hub id")
+    engine.add_argument("--dtype", default="auto")
+    engine.add_argument("--quantization", default="none", choices=("none", "int8", "int4"))
+    engine.add_argument("--batch-sizes", default="1,4,16", help="comma-separated (default: 1,4,16)")
+    engine.add_argument("--contexts", default="32,512,2048", help="prompt lengths (default: 32,512,2048)")
+    engine.add_argument("--decode-tokens", type=int, default=32, help="tokens decoded per request (default: 32)")
+    engine.add_argument("--repeats", type=int, default=3, help="median of this many runs (default: 3)")
+    engine.add_argument("--output", default=None, help="write the results as JSON here")
+    engine.set_defaults(func=handle_engine)
     return bench
 
 
@@ -155,6 +163,27 @@ def handle_ab(args: argparse.Namespace) -> int:
     from swiftlm.bench.commands import ab_command, run_guarded
 
     return run_guarded(ab_command, args)
+
+
+def handle_engine(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from swiftlm.bench.engine_bench import render_table, run_engine_bench, write_json
+    from swiftlm.llm import LLM
+
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    contexts = [int(c) for c in args.contexts.split(",")]
+    longest = max(contexts) + args.decode_tokens + 2
+    llm = LLM(
+        args.model, dtype=args.dtype, quantization=args.quantization, max_model_len=max(longest, 4096),
+        max_num_seqs=max(batches), max_num_batched_tokens=max(512, max(batches)),
+    )
+    points = run_engine_bench(llm.engine, batches, contexts, args.decode_tokens, args.repeats)
+    print(render_table(points))
+    if args.output:
+        meta = {"model": args.model, "dtype": llm.engine.dtype, "quantization": args.quantization, "repeats": args.repeats}
+        write_json(points, Path(args.output), meta)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

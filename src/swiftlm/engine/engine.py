@@ -77,6 +77,10 @@ class Engine:
         t0 = time.perf_counter()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, config.device)
+        if config.quantization is not None:
+            from swiftlm.model.quant import quantize
+
+            quantize(self.model, config.quantization)
         self.load_seconds = time.perf_counter() - t0
         mcfg = self.model.config
         self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)

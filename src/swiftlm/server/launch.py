@@ -46,6 +46,8 @@ def _effective_config(engine_config: EngineConfig, server_config: ServerConfig, 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None = None) -> None:
     """Serve until SIGTERM/SIGINT. The port opens at once; /health is 503 until the model loads."""
+    if quantization not in (None, "none"):
+        engine_config = dataclasses.replace(engine_config, quantization=quantization)
     logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("effective configuration: %s", _effective_config(engine_config, server_config, quantization))
     model_name = server_config.served_model_name or engine_config.model
@@ -56,10 +58,6 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization
     def load() -> None:
         try:
             engine = Engine(engine_config)
-            if quantization and quantization != "none":
-                from swiftlm.model.quant import quantize  # noqa: PLC0415 (optional path)
-
-                quantize(engine.model, quantization)
             state.attach(AsyncEngine(engine))
             logger.info("model loaded in %.2fs; serving %s", engine.load_seconds, model_name)
         except BaseException as exc:  # reported, and the server exits

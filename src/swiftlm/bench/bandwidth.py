@@ -1,0 +1,28 @@
+"""Memory read bandwidth, measured in-process, to state how close a run came to the hardware bound.
+
+The machines we benchmark on change bandwidth by up to 1.6x from one minute to the next, so
+every timed segment is bracketed by a probe and results are reported as fractions of it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+_PROBE_BYTES = 256 * 1024 * 1024
+
+
+class BandwidthProbe:
+    """Reads a buffer much larger than the caches; reports the best of a few passes in GB/s."""
+
+    def __init__(self, nbytes: int = _PROBE_BYTES) -> None:
+        self._buf = torch.ones(nbytes // 4, dtype=torch.float32)
+
+    def measure(self, passes: int = 5) -> float:
+        best = float("inf")
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            self._buf.sum()
+            best = min(best, time.perf_counter() - t0)
+        return self._buf.numel() * 4 / best / 1e9
