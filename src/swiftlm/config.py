@@ -123,8 +123,8 @@ class SchedulerConfig:
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_queued_requests < 0:
-            raise ConfigError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.max_queued_requests < 1:
+            raise ConfigError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
 
 
 QUANTIZATIONS = ("int8", "int4")
@@ -137,6 +137,7 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     quantization: str | None = None  # None | "int8" | "int4": weight-only, applied at load
+    cpu_prepack: bool = True  # lay linear weights out for oneDNN once at load (CPU)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

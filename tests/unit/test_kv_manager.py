@@ -255,3 +255,15 @@ def test_release_finished_pins_a_sessions_blocks_and_frees_the_rest() -> None:
     finish(kv, u)
     assert len(kv.sessions) == 0 and kv.pool.num_free_blocks == 11
     kv.check_integrity([])
+
+
+def test_admit_counts_queried_and_reused_tokens_once() -> None:
+    kv = KVCacheManager(12, BS)
+    prompt = list(range(10))
+    run_prompt(kv, req("r1", prompt))
+    assert (kv.prefix_cache.queries, kv.prefix_cache.hits) == (10, 0)
+    blocker = req("blocker", list(range(100, 140)))  # needs more blocks than are free
+    assert kv.admit(blocker, 10_000, now=0.0) == 0
+    assert (kv.prefix_cache.queries, kv.prefix_cache.hits) == (10, 0)
+    run_prompt(kv, req("r2", prompt[:8] + [50, 51]))
+    assert (kv.prefix_cache.queries, kv.prefix_cache.hits) == (20, 8)

@@ -10,7 +10,7 @@ import pytest
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import SchedulerConfig
 from swiftlm.engine.request import FinishReason, Request, RequestStatus
-from swiftlm.engine.scheduler import QueueFullError, Scheduler
+from swiftlm.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from swiftlm.sampling import SamplingParams
 
 BS = 4
@@ -39,6 +39,7 @@ class Harness:
         self.sched = Scheduler(SchedulerConfig(**sched), self.kv, clock=self.clock)
         self.finished: list[Request] = []
         self.slots: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.last = SchedulerOutput()  # the latest schedule() result
 
     def add(
         self,

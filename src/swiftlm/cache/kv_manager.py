@@ -80,6 +80,8 @@ class KVCacheManager:
         key = self.pool.key_of(request.block_ids[n_keyed - 1]) if n_keyed else None
         request.last_block_hash = key.hash if key is not None else None
         request.num_computed_tokens = reused
+        self.prefix_cache.queries += len(tokens)
+        self.prefix_cache.hits += reused
         request.block_ids.extend(self.pool.allocate(need))
         return num_new
 

@@ -34,8 +34,8 @@ class PrefixCache:
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
-        self.queries = 0  # prompt tokens looked up (metrics)
-        self.hits = 0  # prompt tokens found
+        self.queries = 0  # prompt tokens of admitted requests (metrics; counted by the caller)
+        self.hits = 0  # of those, tokens whose KV was reused
 
     def match(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         """Block ids of the longest cached prefix of ``token_ids[:max_tokens]`` (whole blocks).
@@ -55,8 +55,6 @@ class PrefixCache:
                 break
             hits.append(block_id)
             parent = key.hash
-        self.queries += max_tokens
-        self.hits += len(hits) * self.block_size
         return hits
 
     def register(

@@ -13,7 +13,9 @@ from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.request import FinishReason, Request
 from swiftlm.engine.sampler import SamplingRow
 from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
+from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears
 from swiftlm.model.loader import load_model, resolve_model_dir
+from swiftlm.model.qwen3 import Qwen3ForCausalLM
 from swiftlm.platform import resolve_dtype
 from swiftlm.runner.kv_cache import KVCache, num_blocks_for
 from swiftlm.runner.runner import ModelRunner, SampledToken
@@ -64,6 +66,20 @@ class EngineStats:
     num_aborted: int
 
 
+def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
+    """The engine's transformations of a loaded model: fused projections, weight-only
+    quantisation when asked, and oneDNN-packed weights on CPU. Returns the packed layer count."""
+    fuse_projections(model)
+    if config.quantization is not None:
+        from swiftlm.model.quant import quantize
+
+        quantize(model, config.quantization)
+    dtype = model.model.embed_tokens.weight.dtype
+    if config.cpu_prepack and can_pack(dtype, config.device):
+        return pack_linears(model)
+    return 0
+
+
 class Engine:
     """Owns the model, the KV cache, the scheduler and every request's output stream.
 
@@ -77,18 +93,16 @@ class Engine:
         t0 = time.perf_counter()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.model = load_model(self.model_dir, self.dtype, config.device)
-        if config.quantization is not None:
-            from swiftlm.model.quant import quantize
-
-            quantize(self.model, config.quantization)
+        self.num_packed = prepare_model(self.model, config)
         self.load_seconds = time.perf_counter() - t0
         mcfg = self.model.config
         self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)
         cache = config.cache
         sched = config.scheduler
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
-        num_blocks = num_blocks_for(mcfg, cache, self.model.lm_head.weight.dtype, useful_tokens)
-        self.kv_cache = KVCache(mcfg, num_blocks, cache.block_size, self.model.lm_head.weight.dtype, config.device)
+        kv_dtype = self.model.model.embed_tokens.weight.dtype
+        num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens)
+        self.kv_cache = KVCache(mcfg, num_blocks, cache.block_size, kv_dtype, config.device)
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
         )

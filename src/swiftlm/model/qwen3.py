@@ -43,14 +43,20 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.qkv_proj: nn.Module | None = None  # q, k and v in one matmul (see model.fuse)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(t, self.n_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim,
+                                              self.n_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.reshape(t, self.n_heads, self.head_dim))
+        k = self.k_norm(k.reshape(t, self.n_kv_heads, self.head_dim))
+        v = v.reshape(t, self.n_kv_heads, self.head_dim)
         q, k = rotary(positions, q, k)
         out = attention(self.layer, q, k, v)  # [T, n_heads, head_dim]
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
