@@ -34,7 +34,7 @@ def prefix_case(llm: LLM, repeats: int) -> dict:
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(0, 150000, (1000,), generator=g).tolist()
     cold, warm, cached = [], [], []
-    for r in range(repeats):
+    for _ in range(repeats):
         first = shared + torch.randint(0, 150000, (20,), generator=g).tolist()
         second = shared + torch.randint(0, 150000, (20,), generator=g).tolist()
         llm.engine.kv.pool.reset_cache()
