@@ -1,4 +1,13 @@
-"""Shared fixtures: tiny random Qwen3 checkpoints with the real Qwen3 tokenizer."""
+"""Shared fixtures: tiny random Qwen3 checkpoints with the real Qwen3 tokenizer.
+
+The *scripted* checkpoint answers deterministically: attention and MLP outputs are zeroed, so
+the next token depends only on the current one, and the lm_head maps a chain of tokens
+
+    "\\n" -> <think> -> "Hmm" -> "," -> " okay" -> </think> -> "\\n\\n" -> "Hello" -> " there" -> "!" -> <|im_end|>
+
+A thinking prompt (ends in "assistant\\n") yields "<think>Hmm, okay</think>\\n\\nHello there!";
+a non-thinking prompt (ends in "</think>\\n\\n") yields "Hello there!".
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from swiftlm.model.random_checkpoint import write_random_checkpoint
 from tests.helpers.tokenizer_files import write_tokenizer_files
@@ -52,3 +62,33 @@ def tiny_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", params=["tied", "untied"])
 def tiny_model_dir(request: pytest.FixtureRequest, tiny_tied_dir: Path, tiny_untied_dir: Path) -> Path:
     return tiny_tied_dir if request.param == "tied" else tiny_untied_dir
+
+
+SCRIPT = [198, 151667, 80022, 11, 16910, 151668, 271, 9707, 1052, 0, 151645]
+REASONING = "Hmm, okay"
+ANSWER = "Hello there!"
+
+
+def make_scripted_model(dst: Path) -> Path:
+    make_tiny_model(dst, TINY_UNTIED, seed=5)
+    tensors = load_file(str(dst / "model.safetensors"))
+    embed = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(3))
+    tensors["model.embed_tokens.weight"] = embed
+    head = torch.zeros_like(tensors["lm_head.weight"])
+    for cur, nxt in zip(SCRIPT, SCRIPT[1:], strict=False):
+        head[nxt] += 10.0 * embed[cur] / embed[cur].norm()
+    tensors["lm_head.weight"] = head
+    for name in tensors:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensors[name] = torch.zeros_like(tensors[name])
+        elif name.endswith("norm.weight"):
+            tensors[name] = torch.ones_like(tensors[name])
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="session")
+def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_scripted_model(tmp_path_factory.mktemp("scripted"))
+
+

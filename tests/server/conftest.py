@@ -1,12 +1,6 @@
 """Server fixtures: the real app on uvicorn (127.0.0.1) over tiny checkpoints.
 
-The *scripted* checkpoint answers deterministically: attention and MLP outputs are zeroed, so
-the next token depends only on the current one, and the lm_head maps a chain of tokens
-
-    "\\n" -> <think> -> "Hmm" -> "," -> " okay" -> </think> -> "\\n\\n" -> "Hello" -> " there" -> "!" -> <|im_end|>
-
-A thinking prompt (ends in "assistant\\n") yields "<think>Hmm, okay</think>\\n\\nHello there!";
-a non-thinking prompt (ends in "</think>\\n\\n") yields "Hello there!".
+The scripted checkpoint (tests/conftest.py) answers "<think>Hmm, okay</think>\\n\\nHello there!".
 """
 
 from __future__ import annotations
@@ -20,43 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 import uvicorn
-from safetensors.torch import load_file, save_file
 
 from swiftlm.config import ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.llm import engine_config
 from swiftlm.server.app import create_app
-from tests.conftest import TINY_UNTIED, make_tiny_model
-
-SCRIPT = [198, 151667, 80022, 11, 16910, 151668, 271, 9707, 1052, 0, 151645]
-REASONING = "Hmm, okay"
-ANSWER = "Hello there!"
-
-
-def make_scripted_model(dst: Path) -> Path:
-    make_tiny_model(dst, TINY_UNTIED, seed=5)
-    tensors = load_file(str(dst / "model.safetensors"))
-    embed = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(3))
-    tensors["model.embed_tokens.weight"] = embed
-    head = torch.zeros_like(tensors["lm_head.weight"])
-    for cur, nxt in zip(SCRIPT, SCRIPT[1:], strict=False):
-        head[nxt] += 10.0 * embed[cur] / embed[cur].norm()
-    tensors["lm_head.weight"] = head
-    for name in tensors:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            tensors[name] = torch.zeros_like(tensors[name])
-        elif name.endswith("norm.weight"):
-            tensors[name] = torch.ones_like(tensors[name])
-    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return dst
-
-
-@pytest.fixture(scope="session")
-def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_scripted_model(tmp_path_factory.mktemp("scripted"))
+from tests.conftest import ANSWER, REASONING  # noqa: F401 (re-exported for the server tests)
 
 
 def free_port() -> int:
