@@ -37,13 +37,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim], positions: [T]
-        cos = self.cos_cached[positions].to(q.dtype).unsqueeze(1)  # [T, 1, head_dim]
-        sin = self.sin_cached[positions].to(q.dtype).unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for the step's positions, [T, 1, head_dim] each: looked up once per step."""
+        cos = self.cos_cached[positions].to(dtype).unsqueeze(1)
+        sin = self.sin_cached[positions].to(dtype).unsqueeze(1)
+        return cos, sin
+
+
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, n_heads, head_dim], k: [T, n_kv_heads, head_dim]; table from RotaryEmbedding.table."""
+    cos, sin = table
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

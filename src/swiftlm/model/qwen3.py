@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from swiftlm.config import ModelConfig
-from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 
 class Attention(Protocol):
@@ -46,7 +46,7 @@ class Qwen3Attention(nn.Module):
         self.qkv_proj: nn.Module | None = None  # q, k and v in one matmul (see model.fuse)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention
     ) -> torch.Tensor:
         t = x.shape[0]
         if self.qkv_proj is not None:
@@ -57,7 +57,7 @@ class Qwen3Attention(nn.Module):
         q = self.q_norm(q.reshape(t, self.n_heads, self.head_dim))
         k = self.k_norm(k.reshape(t, self.n_kv_heads, self.head_dim))
         v = v.reshape(t, self.n_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, rope)
         out = attention(self.layer, q, k, v)  # [T, n_heads, head_dim]
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
 
@@ -71,9 +71,9 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attention)
+        x = x + self.self_attn(self.input_layernorm(x), rope, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -87,8 +87,9 @@ class Qwen3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, hidden]
+        rope = self.rotary.table(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attention)
+            x = layer(x, rope, attention)
         return self.norm(x)
 
 
