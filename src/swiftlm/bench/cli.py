@@ -92,7 +92,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="measure an OpenAI-compatible server, or compare two",
         description="Benchmarks. Every run is seeded and writes JSON, Markdown and plots.",
     )
-    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{serve,ab,engine}")
+    sub = bench.add_subparsers(dest="bench_command", required=True, metavar="{serve,ab,engine,hf,peers}")
 
     serve = sub.add_parser("serve", help="load-test one server at one or more concurrency levels")
     serve.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000 (with or without /v1)")
@@ -150,6 +150,32 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     engine.add_argument("--repeats", type=int, default=3, help="median of this many runs (default: 3)")
     engine.add_argument("--output", default=None, help="write the results as JSON here")
     engine.set_defaults(func=handle_engine)
+
+    hf = sub.add_parser(
+        "hf",
+        help="the serve workload through Hugging Face transformers in-process (peer baseline)",
+        description="Static batches of up to CONCURRENCY requests, one generate call each; --model is the "
+        "checkpoint directory. --stream, --api-key and --timeout do not apply. See bench/hf_baseline.py.",
+    )
+    hf.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16 (default: 1)")
+    hf.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    hf.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    hf.add_argument(
+        "--arrival",
+        choices=("closed", "at-once"),
+        default="closed",
+        help="clocks start when the batch starts, like bench serve's clients (closed), or all at t=0",
+    )
+    hf.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _add_common(hf)
+    hf.set_defaults(func=handle_hf)
+
+    peers = sub.add_parser("peers", help="one side-by-side table from several results.json files")
+    peers.add_argument("--results", nargs="+", required=True, metavar="JSON", help="results.json files")
+    peers.add_argument("--labels", nargs="+", metavar="NAME", help="one per file (default: folder names)")
+    peers.add_argument("--title", default="Peer comparison", help="the report's heading")
+    peers.add_argument("--output", metavar="MD", help="also write the table here")
+    peers.set_defaults(func=handle_peers)
     return bench
 
 
@@ -163,6 +189,20 @@ def handle_ab(args: argparse.Namespace) -> int:
     from swiftlm.bench.commands import ab_command, run_guarded
 
     return run_guarded(ab_command, args)
+
+
+def handle_hf(args: argparse.Namespace) -> int:
+    from swiftlm.bench.commands import run_guarded
+    from swiftlm.bench.hf_baseline import hf_command
+
+    return run_guarded(hf_command, args)
+
+
+def handle_peers(args: argparse.Namespace) -> int:
+    from swiftlm.bench.commands import run_guarded
+    from swiftlm.bench.peers import peers_command
+
+    return run_guarded(peers_command, args)
 
 
 def handle_engine(args: argparse.Namespace) -> int:
