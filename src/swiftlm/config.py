@@ -138,6 +138,7 @@ class EngineConfig:
     seed: int = 0
     quantization: str | None = None  # None | "int8" | "int4": weight-only, applied at load
     cpu_prepack: bool = True  # lay linear weights out for oneDNN once at load (CPU)
+    cpu_kernels: bool = True  # swiftlm's compiled CPU kernels when they build here (else torch)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

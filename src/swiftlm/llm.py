@@ -23,7 +23,7 @@ _PROGRESS_MIN = 16  # show a progress bar from this many prompts on
 
 def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs: Any) -> EngineConfig:
     """Split flat keyword arguments (vLLM style) into the engine's config dataclasses."""
-    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization", "cpu_prepack"}
+    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization", "cpu_prepack", "cpu_kernels"}
     if unknown:
         raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
     cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in _CACHE_KEYS})
@@ -32,7 +32,8 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
     return EngineConfig(
         model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0),
         quantization=None if quantization in (None, "none") else quantization,
-        cpu_prepack=kwargs.get("cpu_prepack", True), cache=cache, scheduler=sched,
+        cpu_prepack=kwargs.get("cpu_prepack", True), cpu_kernels=kwargs.get("cpu_kernels", True),
+        cache=cache, scheduler=sched,
     )
 
 

@@ -54,8 +54,9 @@ def assert_no_leaks(llm: LLM) -> None:
         {"max_num_batched_tokens": 7},
         {"max_num_seqs": 5, "max_num_batched_tokens": 64},
         {"enable_prefix_caching": False, "block_size": 32},
+        {"cpu_kernels": False, "cpu_prepack": False},
     ],
-    ids=["batched", "chunked-7", "few-seqs", "no-prefix-cache"],
+    ids=["batched", "chunked-7", "few-seqs", "no-prefix-cache", "torch-oracle-path"],
 )
 def test_batched_equals_plain(tiny_tied_dir: Path, prompts, reference, engine_kwargs) -> None:
     llm = LLM(str(tiny_tied_dir), dtype="float32", **engine_kwargs)

@@ -107,7 +107,7 @@ class Engine:
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(self.model, self.kv_cache, config.device)
+        self.runner = ModelRunner(self.model, self.kv_cache, config.device, config.cpu_kernels)
         self._parents: dict[str, _Parent] = {}
         self.num_aborted = 0
         self._streams: dict[int, _Stream] = {}  # id(request) -> stream

@@ -93,19 +93,27 @@ class AttentionMetadata:
     prefill_rows: list[int]  # requests with several query tokens
 
 
-class PagedAttention:
-    """Attention over the paged KV pools, in plain torch (gather the blocks, then SDPA).
+DecodeKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
 
-    Decode requests (one query each) are batched into one padded SDPA call with a length mask,
-    so a batch of decodes costs one kernel per layer, not one per request.
+
+class PagedAttention:
+    """Attention over the paged KV pools.
+
+    Prefill chunks gather their blocks and run SDPA. Decode requests (one query each) are
+    batched: through ``decode_kernel`` when one is given (a fused kernel that reads each K/V
+    row once, see ``swiftlm.kernels.attention_cpu``), else in plain torch as one padded SDPA
+    call with a length mask (the oracle the kernel is tested against).
     """
 
-    def __init__(self, kv_cache: KVCache) -> None:
+    def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None) -> None:
         self.kv_cache = kv_cache
+        self.decode_kernel = decode_kernel
 
     def bind(self, meta: AttentionMetadata) -> AttentionFn:
         bs = self.kv_cache.block_size
-        decode = _DecodeBatch.build(meta, bs) if meta.decode_rows else None
+        decode = _DecodeBatch.build(meta, bs, self.decode_kernel) if meta.decode_rows else None
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
@@ -131,21 +139,27 @@ class PagedAttention:
 class _DecodeBatch:
     rows: torch.Tensor  # [B] flat-batch row of each decode request's single query
     block_tables: torch.Tensor  # [B, max_blocks]
-    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] True where a key is in context
+    seq_lens: torch.Tensor  # [B]
+    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where a key is in context
+    kernel: DecodeKernel | None
 
     @classmethod
-    def build(cls, meta: AttentionMetadata, block_size: int) -> _DecodeBatch:
+    def build(cls, meta: AttentionMetadata, block_size: int, kernel: DecodeKernel | None) -> _DecodeBatch:
         idx = meta.decode_rows
         lens = torch.tensor([meta.seq_lens[r] for r in idx])
         max_blocks = int((lens.max() + block_size - 1) // block_size)
         tables = meta.block_tables[idx, :max_blocks]
-        keys = torch.arange(max_blocks * block_size)
-        mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
+        mask = None
+        if kernel is None:
+            keys = torch.arange(max_blocks * block_size)
+            mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
         rows = torch.tensor([meta.query_start[r] for r in idx])
-        return cls(rows=rows, block_tables=tables, mask=mask)
+        return cls(rows=rows, block_tables=tables.contiguous(), seq_lens=lens, mask=mask, kernel=kernel)
 
     def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         # q: [B, Hq, D] -> gathered keys [B, max_blocks * block_size, Hkv, D]
+        if self.kernel is not None:
+            return self.kernel(q.contiguous(), k_pool, v_pool, self.block_tables, self.seq_lens, q.shape[-1] ** -0.5)
         b = q.shape[0]
         n_kv, d = k_pool.shape[2], k_pool.shape[3]
         k = k_pool[self.block_tables].view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]

@@ -22,10 +22,17 @@ class SampledToken:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, kv_cache: KVCache, device: str = "cpu") -> None:
+    def __init__(
+        self, model: Qwen3ForCausalLM, kv_cache: KVCache, device: str = "cpu", fused_kernels: bool = True
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        self.attention = PagedAttention(kv_cache)
+        decode_kernel = None
+        if fused_kernels and device == "cpu":
+            from swiftlm.kernels.attention_cpu import load_paged_attention
+
+            decode_kernel = load_paged_attention()
+        self.attention = PagedAttention(kv_cache, decode_kernel)
         self.sampler = Sampler()
         self.device = device
 

@@ -1,0 +1,71 @@
+"""Decode attention over the paged KV cache on CPU: an AVX-512 kernel (``paged_attention_cpu.cpp``).
+
+``load_paged_attention()`` returns the op, or ``None`` when it cannot run here (CPU without
+AVX-512, no compiler, failed build); the reason is logged once at INFO and callers keep the torch
+path (gather the blocks, then SDPA with a length mask), which is also the test oracle. The first
+call compiles the kernel (~15-20 s on 2 cores) into ``swiftlm.kernels.build.cache_dir()``; later
+processes load the cached library in milliseconds.
+
+The op, for B decoding requests (one query token each)::
+
+    paged_decode_attention(q [B, Hq, D], k_pool [N, bs, Hkv, D], v_pool [N, bs, Hkv, D],
+                           block_tables [B, max_blocks] int64 (int32 accepted),
+                           seq_lens [B] int64, scale: float) -> [B, Hq, D]  (dtype of q)
+
+Request ``b`` attends to its first ``seq_lens[b]`` tokens; token ``t`` is
+``pool[block_tables[b, t // bs], t % bs]``. q and the pools are all float32 or all bfloat16;
+``Hq % Hkv == 0``; ``D % 16 == 0``; the pools need unit stride in D only. Dots, softmax and the
+weighted V sum are computed in float32 and rounded once to q's dtype. Each K/V row is read once
+per (request, kv head), for all query heads of its GQA group; long contexts are split into chunks
+whose partial softmax results are merged (flash-decoding), so one request uses every thread of
+torch's intra-op pool (``torch.set_num_threads``). A request with ``seq_lens[b] == 0`` gets zeros.
+Block ids and lengths are bounds-checked (RuntimeError), so a bad table cannot read outside the pools.
+
+The op streams the pools at memory bandwidth, which on 4 KiB pages loses ~20-30% to TLB misses
+and prefetchers stopping at page boundaries: allocate the KV pools on transparent huge pages
+(``THP_MEM_ALLOC_ENABLE=1`` in the environment before torch allocates them, or ``madvise``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from swiftlm.kernels.build import load_cpu_op_library
+from swiftlm.platform import cpu_flags
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")  # AVX512-BF16 is used when present
+
+PagedDecodeAttention = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
+
+
+@cache
+def load_paged_attention() -> PagedDecodeAttention | None:
+    """The compiled op (built on first use, then cached on disk), or None when unavailable."""
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        logger.info(
+            "paged attention kernel unavailable: CPU lacks %s; using the torch path", ", ".join(missing)
+        )
+        return None
+    try:
+        load_cpu_op_library("swiftlm_paged_attention", SOURCE)
+    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
+        first_line = str(exc).strip().split("\n", 1)[0]
+        logger.info(
+            "paged attention kernel unavailable (%s: %s); using the torch path",
+            type(exc).__name__,
+            first_line,
+        )
+        logger.debug("paged attention kernel build failure", exc_info=True)
+        return None
+    return torch.ops.swiftlm_attention.paged_decode_attention.default

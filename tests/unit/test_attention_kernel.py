@@ -1,0 +1,161 @@
+"""The AVX-512 paged decode attention kernel against the torch path (gather + SDPA with a length mask)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swiftlm.kernels.attention_cpu import REQUIRED_CPU_FLAGS, load_paged_attention
+from swiftlm.platform import cpu_flags
+
+MIXED_LENS = [1, 15, 16, 17, 1000, 2049]
+
+
+@pytest.fixture(scope="module")
+def op():
+    fn = load_paged_attention()
+    if fn is None:
+        if "avx512f" in cpu_flags():
+            pytest.fail("the CPU has AVX-512 but the paged attention kernel did not load; see the INFO log")
+        pytest.skip(f"paged attention kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
+    return fn
+
+
+def test_kernel_loads_on_avx512_machines() -> None:
+    """A broken build must not hide behind the skip above."""
+    if "avx512f" not in cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    assert load_paged_attention() is not None
+
+
+def oracle(q, k_pool, v_pool, block_tables, seq_lens, scale):
+    """Gather each request's blocks, then SDPA with a length mask (in float64)."""
+    b = q.shape[0]
+    n_kv, d = k_pool.shape[2], k_pool.shape[3]
+    k = k_pool.double()[block_tables].view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_pool.double()[block_tables].view(b, -1, n_kv, d).transpose(1, 2)
+    keys = torch.arange(k.shape[2])
+    mask = (keys.unsqueeze(0) < seq_lens.unsqueeze(1)).view(b, 1, 1, -1)
+    out = F.scaled_dot_product_attention(
+        q.double().unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.squeeze(2)  # [B, Hq, D]
+
+
+def make_case(seq_lens, hq, hkv, d, dtype, block_size=16, seed=0, spare_blocks=7):
+    """Pools with shuffled, non-contiguous block ids; tables padded with the null block 0."""
+    g = torch.Generator().manual_seed(seed)
+    nblocks = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = 1 + sum(nblocks) + spare_blocks
+    k_pool = torch.randn(num_blocks, block_size, hkv, d, generator=g).to(dtype)
+    v_pool = torch.randn(num_blocks, block_size, hkv, d, generator=g).to(dtype)
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    max_blocks = max(nblocks) + 2
+    tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int64)
+    for i, n in enumerate(nblocks):
+        tables[i, :n] = torch.tensor(ids[:n])
+        ids = ids[n:]
+    q = torch.randn(len(seq_lens), hq, d, generator=g).to(dtype)
+    return q, k_pool, v_pool, tables, torch.tensor(seq_lens, dtype=torch.int64)
+
+
+def check(op, seq_lens, hq, hkv, d, dtype, **kw):
+    q, k_pool, v_pool, tables, lens = make_case(seq_lens, hq, hkv, d, dtype, **kw)
+    scale = d**-0.5
+    out = op(q, k_pool, v_pool, tables, lens, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = oracle(q, k_pool, v_pool, tables, lens, scale)
+    err = (out.double() - ref).abs().max().item()
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert err <= tol, f"max abs diff {err:.3g} > {tol} for lens={seq_lens} Hq={hq} Hkv={hkv} D={d} {dtype}"
+    return out, (q, k_pool, v_pool, tables, lens, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("hq", "hkv"), [(16, 8), (4, 2), (8, 8)])
+@pytest.mark.parametrize("d", [128, 64])
+def test_mixed_batch_matches_oracle(op, dtype, hq, hkv, d) -> None:
+    check(op, MIXED_LENS, hq, hkv, d, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seq_len", [1, 15, 16, 17, 1000, 2049, 8200])
+def test_single_request_matches_oracle(op, dtype, seq_len) -> None:
+    """B=1 (long contexts are split into chunks and merged), at one and at two threads."""
+    threads = torch.get_num_threads()
+    try:
+        for n in sorted({1, max(2, threads)}):
+            torch.set_num_threads(n)
+            check(op, [seq_len], 16, 8, 128, dtype, seed=seq_len)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "block_size"),
+    [(28, 4, 32, 16), (32, 2, 16, 16), (12, 4, 96, 8), (6, 3, 48, 5)],
+    ids=["group7-d32", "group16-d16", "bs8-d96", "bs5-d48"],
+)
+def test_other_shapes(op, hq, hkv, d, block_size) -> None:
+    """Odd group sizes (7, and 16 > the kernel's 8), head dims with 16-wide tails, block sizes < 16."""
+    for dtype in (torch.float32, torch.bfloat16):
+        check(op, [3, 40, 333], hq, hkv, d, dtype, block_size=block_size)
+
+
+def torch_path(q, k_pool, v_pool, block_tables, seq_lens, scale):
+    """The engine's plain decode path, in the inputs' dtype: gather the blocks, SDPA with a length mask."""
+    b, bs = q.shape[0], k_pool.shape[1]
+    n_kv, d = k_pool.shape[2], k_pool.shape[3]
+    max_blocks = int((seq_lens.max() + bs - 1) // bs)
+    tables = block_tables[:, :max_blocks]
+    mask = (torch.arange(max_blocks * bs).unsqueeze(0) < seq_lens.unsqueeze(1)).view(b, 1, 1, -1)
+    k = k_pool[tables].view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_pool[tables].view(b, -1, n_kv, d).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_matches_torch_path_in_its_dtype(op, dtype) -> None:
+    """Same numbers as the engine's torch decode path run in bf16 / fp32 (not only the fp64 oracle)."""
+    q, k_pool, v_pool, tables, seq_lens = make_case([17, 1000, 5], 16, 8, 128, dtype, seed=3)
+    ref = torch_path(q, k_pool, v_pool, tables, seq_lens, 128**-0.5)
+    out = op(q, k_pool, v_pool, tables, seq_lens, 128**-0.5)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert (out.float() - ref.float()).abs().max().item() <= tol
+
+
+def test_sharp_softmax_rescales_across_tiles(op) -> None:
+    """Large scores whose running max keeps rising across tiles and chunks (online-softmax rescaling)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k_pool, v_pool, tables, lens = make_case([3000, 200], 8, 4, 64, dtype, seed=5)
+        ramp = torch.linspace(0.2, 3.0, k_pool.shape[0]).view(-1, 1, 1, 1)  # later blocks: larger keys
+        k_pool = (k_pool.float() * ramp).to(dtype)
+        out = op(q * 4, k_pool, v_pool, tables, lens, 0.125)
+        ref = oracle(q * 4, k_pool, v_pool, tables, lens, 0.125)
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        assert (out.double() - ref).abs().max().item() <= tol
+
+
+def test_int32_tables_strided_pools_and_empty_request(op) -> None:
+    q, k_pool, v_pool, tables, lens = make_case([40, 0, 9], 16, 8, 64, torch.float32)
+    # pools as views into one [2, N, bs, Hkv, D] buffer with a padded head dim: unit stride in D only
+    kv = torch.zeros(2, *k_pool.shape[:3], 80)
+    kv[0, ..., :64] = k_pool
+    kv[1, ..., :64] = v_pool
+    out = op(q, kv[0, ..., :64], kv[1, ..., :64], tables.int(), lens, 0.125)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    keep = [0, 2]
+    ref = oracle(q[keep], k_pool, v_pool, tables[keep], lens[keep], 0.125)
+    assert (out[keep].double() - ref).abs().max().item() <= 2e-5
+
+
+def test_rejects_bad_inputs(op) -> None:
+    q, k_pool, v_pool, tables, lens = make_case([20], 4, 2, 64, torch.float32)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        op(q, k_pool, v_pool, tables + 1000, lens, 0.125)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        op(q, k_pool, v_pool, tables, lens + 10_000, 0.125)
+    with pytest.raises(RuntimeError, match="share one dtype"):
+        op(q, k_pool.bfloat16(), v_pool.bfloat16(), tables, lens, 0.125)
