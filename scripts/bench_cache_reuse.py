@@ -56,7 +56,7 @@ def session_case(llm: LLM, repeats: int) -> dict:
     for r in range(repeats):
         sid = f"bench-session-{r}"
         g = torch.Generator().manual_seed(100 + r)
-        words = " ".join(f"w{int(x)}" for x in torch.randint(0, 10_000, (700,), generator=g))
+        words = " ".join(f"w{int(x)}" for x in torch.randint(0, 10_000, (300,), generator=g))
         messages = [{"role": "system", "content": "You are a helpful assistant. " + words},
                     {"role": "user", "content": "Summarise the notes above in one line."}]
         kwargs = {"enable_thinking": False}

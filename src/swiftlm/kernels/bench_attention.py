@@ -1,6 +1,6 @@
 """Paged decode attention, kernel vs torch path, per layer call on the Qwen3-0.6B shape.
 
-    python -m swiftlm.kernels.bench_attention [--dtype bfloat16] [--configs 1x32,1x512,...]
+    python -m swiftlm.kernels.bench_attention [--dtype bfloat16] [--configs 1x32,1x512,...] [--threads N]
 
 Each configuration (B requests x context) gets 28 layers of K/V pools with shuffled block ids;
 a timed pass calls every layer once (as a decode step does), so K/V come from memory, not cache.
@@ -107,7 +107,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--configs", default="1x32,1x512,1x2048,1x8192,16x512", help="BxCTX,...")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     op = load_paged_attention()
     if op is None:
         raise SystemExit("the paged attention kernel is unavailable here (see the log)")
