@@ -8,6 +8,11 @@ import torch
 
 from swiftlm.config import CacheConfig, ModelConfig
 
+# Without an explicit kv_cache_memory the pool takes at most this much (about 18k tokens of
+# Qwen3-0.6B in bf16): zeroing it is part of the start-up time, and a small model on a CPU
+# serves far fewer tokens at once.
+DEFAULT_MAX_KV_BYTES = 2 * 1024**3
+
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` tokens."""
@@ -29,8 +34,8 @@ def available_memory_bytes() -> int:
 def num_blocks_for(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, max_useful_tokens: int) -> int:
     """How many blocks (null block included) the memory budget allows.
 
-    Without an explicit ``kv_cache_memory`` the pool takes a fraction of available memory, but no
-    more than ``max_useful_tokens`` (what full batches and sessions could ever hold) needs.
+    Without an explicit ``kv_cache_memory`` the pool takes a fraction of available memory, capped
+    at ``DEFAULT_MAX_KV_BYTES`` and at what ``max_useful_tokens`` (full batches and sessions) needs.
     """
     if cache.num_blocks is not None:
         return cache.num_blocks
@@ -38,7 +43,7 @@ def num_blocks_for(model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, m
     per_block = bytes_per_block(model, cache.block_size, dtype)
     if budget is None:
         budget = int(available_memory_bytes() * cache.memory_fraction)
-        budget = min(budget, (max_useful_tokens // cache.block_size + 2) * per_block)
+        budget = min(budget, DEFAULT_MAX_KV_BYTES, (max_useful_tokens // cache.block_size + 2) * per_block)
     n = budget // per_block
     if n < 2:
         raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks; raise kv_cache_memory")
