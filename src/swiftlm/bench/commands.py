@@ -26,6 +26,7 @@ from swiftlm.bench.compare import (
 from swiftlm.bench.report import run_to_dict, summarize, write_json, write_markdown
 from swiftlm.bench.text_gen import TokenCounter, load_token_counter
 from swiftlm.bench.workloads import WorkloadOptions, build_workload
+from swiftlm.config import ConfigError, parse_json_object
 
 
 class UsageError(Exception):
@@ -51,12 +52,9 @@ def _workload_options(args: argparse.Namespace) -> WorkloadOptions:
 
 def _extra_body(text: str) -> dict[str, Any]:
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--extra-body is not valid JSON ({exc}): {text!r}") from exc
-    if not isinstance(body, dict):
-        raise UsageError(f"--extra-body must be a JSON object, got {text!r}")
-    return body
+        return parse_json_object(text, "--extra-body")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _token_counter(
@@ -160,16 +158,20 @@ def serve_command(args: argparse.Namespace) -> int:
         "token_counter": counter_name,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    out = _output_dir(args, "serve")
+    write_reports(runs, meta, _output_dir(args, "serve"), plots=not args.no_plots)
+    return 0
+
+
+def write_reports(runs: list, meta: dict[str, Any], out: Path, plots: bool) -> None:
+    """results.json, results.md and (unless ``plots`` is false) the PNG plots, into ``out``."""
     write_json(out / "results.json", runs, meta)
     md = write_markdown(out / "results.md", runs, meta)
-    if not args.no_plots:
+    if plots:
         from swiftlm.bench.plots import write_plots
 
         write_plots(runs, out)
     print(md.read_text())
     print(f"reports in {out}/", file=sys.stderr)
-    return 0
 
 
 def ab_command(args: argparse.Namespace) -> int:

@@ -248,8 +248,15 @@ class HFBaseline:
 def hf_command(args: argparse.Namespace) -> int:
     """`swiftlm bench hf`: run the workload at each concurrency level; write the reports that
     `bench serve` writes (results.json, results.md, plots)."""
-    from swiftlm.bench.commands import UsageError, _extra_body, _output_dir, _token_counter, _workload_options
-    from swiftlm.bench.report import summarize, write_json, write_markdown
+    from swiftlm.bench.commands import (
+        UsageError,
+        _extra_body,
+        _output_dir,
+        _token_counter,
+        _workload_options,
+        write_reports,
+    )
+    from swiftlm.bench.report import summarize
 
     if not args.model:
         raise UsageError("bench hf needs --model: the checkpoint directory to load")
@@ -303,13 +310,5 @@ def hf_command(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    out = _output_dir(args, "hf")
-    write_json(out / "results.json", runs, meta)
-    md = write_markdown(out / "results.md", runs, meta)
-    if not args.no_plots:
-        from swiftlm.bench.plots import write_plots
-
-        write_plots(runs, out)
-    print(md.read_text())
-    print(f"reports in {out}/", file=sys.stderr)
+    write_reports(runs, meta, _output_dir(args, "hf"), plots=not args.no_plots)
     return 0
