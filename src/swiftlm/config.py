@@ -137,7 +137,10 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     quantization: str | None = None  # None | "int8" | "int4": weight-only, applied at load
-    cpu_prepack: bool = True  # lay linear weights out for oneDNN once at load (CPU)
+    # oneDNN-packed copies of the linear weights (CPU): None = only where swiftlm's bf16 GEMV kernel
+    # does not run (then the packed copy replaces the weight); True = also next to the kernel's weight
+    # (faster multi-row matmuls, twice the memory); False = never
+    cpu_prepack: bool | None = None
     cpu_kernels: bool = True  # swiftlm's compiled CPU kernels when they build here (else torch)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

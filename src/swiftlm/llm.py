@@ -32,7 +32,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
     return EngineConfig(
         model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0),
         quantization=None if quantization in (None, "none") else quantization,
-        cpu_prepack=kwargs.get("cpu_prepack", True), cpu_kernels=kwargs.get("cpu_kernels", True),
+        cpu_prepack=kwargs.get("cpu_prepack"), cpu_kernels=kwargs.get("cpu_kernels", True),
         cache=cache, scheduler=sched,
     )
 

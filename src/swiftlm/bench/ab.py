@@ -189,6 +189,10 @@ class ABConfig:
     model: str | None = None
     api_key: str | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # per side (keys "A" and "B"): fields merged over extra_body, and a stream setting of its own,
+    # for A/B tests of request options against one server (e.g. thinking on + streaming vs off)
+    side_extra_body: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    side_stream: Mapping[str, bool] = field(default_factory=dict)
     timeout_s: float = 300.0
     warmup: int = 0
     restart_per_round: bool = False
@@ -262,10 +266,10 @@ def run_ab(
                         concurrency=config.concurrency,
                         num_requests=config.num_requests,
                         duration_s=config.duration_s,
-                        stream=config.stream,
+                        stream=config.side_stream.get(target.label, config.stream),
                         timeout_s=config.timeout_s,
                         api_key=config.api_key,
-                        extra_body=config.extra_body,
+                        extra_body={**config.extra_body, **config.side_extra_body.get(target.label, {})},
                         show_progress=config.show_progress,
                     )
                     side = target.label

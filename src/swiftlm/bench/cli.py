@@ -109,6 +109,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help='a base URL, or `swiftlm serve` args: "MODEL --flag v"',
     )
     ab.add_argument("--b", required=True, metavar="URL|SERVE_ARGS", help="the other side, same forms")
+    for side in ("a", "b"):
+        ab.add_argument(f"--{side}-extra-body", metavar="JSON",
+                        help=f"fields merged over --extra-body for side {side.upper()} only")
+        ab.add_argument(f"--{side}-stream", choices=("on", "off"),
+                        help=f"streaming for side {side.upper()} only (default: --stream/--no-stream)")
     ab.add_argument("--concurrency", type=int, default=4, help="requests in flight (default: 4)")
     ab.add_argument("--rounds", type=int, default=2, help="A, B pairs (default: 2)")
     ab.add_argument(

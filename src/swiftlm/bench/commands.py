@@ -191,6 +191,13 @@ def ab_command(args: argparse.Namespace) -> int:
             model=args.model,
             api_key=args.api_key,
             extra_body=_extra_body(args.extra_body),
+            side_extra_body={
+                label: _extra_body(body)
+                for label, body in (("A", args.a_extra_body), ("B", args.b_extra_body)) if body
+            },
+            side_stream={
+                label: flag == "on" for label, flag in (("A", args.a_stream), ("B", args.b_stream)) if flag
+            },
             timeout_s=args.timeout,
             warmup=args.warmup,
             restart_per_round=args.restart_per_round,

@@ -7,13 +7,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.request import FinishReason, Request
 from swiftlm.engine.sampler import SamplingRow
 from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
-from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears
+from swiftlm.model.fuse import can_pack, fuse_projections, own_weights, pack_linears, use_fused_ops
 from swiftlm.model.loader import load_model, resolve_model_dir
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
 from swiftlm.platform import resolve_dtype
@@ -68,16 +70,37 @@ class EngineStats:
 
 def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
     """The engine's transformations of a loaded model: fused projections, weight-only
-    quantisation when asked, and oneDNN-packed weights on CPU. Returns the packed layer count."""
+    quantisation when asked, then on CPU the bf16 GEMV kernel for decode (AVX512-BF16) and/or
+    oneDNN-packed weights (see ``EngineConfig.cpu_prepack``). Returns how many linears changed."""
     fuse_projections(model)
     if config.quantization is not None:
         from swiftlm.model.quant import quantize
 
         quantize(model, config.quantization)
     dtype = model.model.embed_tokens.weight.dtype
-    if config.cpu_prepack and can_pack(dtype, config.device):
-        return pack_linears(model)
-    return 0
+    if config.device == "cpu" and config.quantization is None:
+        own_weights(model)
+    if config.cpu_kernels and config.device == "cpu":
+        from swiftlm.kernels.fused_cpu import load_fused_ops
+
+        ops = load_fused_ops()
+        if ops is not None:
+            use_fused_ops(model, ops)
+    gemv = None
+    if config.cpu_kernels and config.device == "cpu" and dtype == torch.bfloat16:
+        from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
+
+        gemv = load_bf16_gemv()
+    count = 0
+    if gemv is not None:
+        from swiftlm.model.cpu_linear import use_gemv
+
+        packed = config.cpu_prepack is True and can_pack(dtype, config.device)
+        count = use_gemv(model, gemv, packed=packed)
+        logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if packed else "")
+    if config.cpu_prepack is not False and can_pack(dtype, config.device):
+        count += pack_linears(model)  # the linears the kernel did not take
+    return count
 
 
 class Engine:

@@ -13,6 +13,7 @@ import logging
 import torch
 from torch import nn
 
+from swiftlm.kernels.fused_cpu import FusedOps
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -20,16 +21,16 @@ logger = logging.getLogger(__name__)
 
 def _concat_linear(*parts: nn.Linear) -> nn.Linear:
     out_features = sum(p.out_features for p in parts)
-    fused = nn.Linear(parts[0].in_features, out_features, bias=parts[0].bias is not None,
-                      device=parts[0].weight.device, dtype=parts[0].weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(torch.cat([p.weight for p in parts]))
-        if fused.bias is not None:
-            fused.bias.copy_(torch.cat([p.bias for p in parts]))
-    return fused.requires_grad_(False)
+    with torch.device("meta"):  # no random initialisation of weights that are overwritten anyway
+        fused = nn.Linear(parts[0].in_features, out_features, bias=parts[0].bias is not None)
+    fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]), requires_grad=False)
+    if parts[0].bias is not None:
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    return fused
 
 
 def fuse_projections(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+    """q/k/v and gate/up concatenated into one linear each (new tensors in process memory)."""
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qkv_proj is None:
@@ -39,6 +40,27 @@ def fuse_projections(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
             mlp.gate_up_proj = _concat_linear(mlp.gate_proj, mlp.up_proj)
             del mlp.gate_proj, mlp.up_proj
     return model
+
+
+def own_weights(model: Qwen3ForCausalLM) -> int:
+    """Copy the o_proj, down_proj, embedding and lm_head weights that the loader left memory-mapped
+    from the checkpoint file into process memory (the fused q/k/v and gate/up already are). Decode
+    streams every weight once per token, and file-backed pages stream slower: measured on a 2-core
+    Xeon, all linears of the 0.6B shape at batch 1, 75 ms from the mapped file vs 61 ms from a copy.
+    Costs one copy of those weights at load. Returns the bytes copied."""
+    copied = 0
+    embed = model.model.embed_tokens
+    tied = model.lm_head.weight is embed.weight
+    modules: list[nn.Module] = [embed] if tied else [embed, model.lm_head]
+    for layer in model.model.layers:
+        modules += [layer.self_attn.o_proj, layer.mlp.down_proj]
+    for module in modules:
+        weight = module.weight.detach()
+        module.weight = nn.Parameter(weight.clone(), requires_grad=False)
+        copied += weight.numel() * weight.element_size()
+    if tied:
+        model.lm_head.weight = embed.weight
+    return copied
 
 
 class PackedLinear(nn.Module):
@@ -72,3 +94,8 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 count += 1
     return count
+
+
+def use_fused_ops(model: Qwen3ForCausalLM, ops: FusedOps) -> None:
+    """Run the layers' norms, rotary and SiLU-multiply as the fused ops ``ops`` from now on."""
+    model.model.fused_ops = ops

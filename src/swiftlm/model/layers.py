@@ -7,9 +7,14 @@ activation dtype) so that bfloat16 runs round the same way.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from swiftlm.kernels.fused_cpu import FusedOps
 
 
 class RMSNorm(nn.Module):
@@ -30,8 +35,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        t = torch.arange(max_positions, dtype=torch.float32)
+        # computed on the CPU even inside a meta-device context (the loader builds the model there;
+        # meta tensors would go through torch._refs, whose first use imports torch._dynamo: ~1.5 s)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+        t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
@@ -71,3 +78,9 @@ class SwiGLU(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_fused(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
+        """``forward`` with SiLU and the multiply in one op (same rounding steps)."""
+        gate_up = self.gate_up_proj(x) if self.gate_up_proj is not None else torch.cat(
+            (self.gate_proj(x), self.up_proj(x)), dim=-1)  # [T, 2 * intermediate]
+        return self.down_proj(ops.silu_mul(gate_up))

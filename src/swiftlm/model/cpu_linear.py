@@ -1,0 +1,62 @@
+"""``GemvLinear``: a bf16 linear layer that decodes with swiftlm's AVX512-BF16 GEMV kernel.
+
+Up to ``GEMV_MAX_ROWS`` rows (batch-1 and batch-2 decode) go through the kernel, which streams
+the weight in nn.Linear's own layout; more rows (prefill chunks, larger decode batches) go to a
+dense matmul: oneDNN's prepacked one when the layer holds a packed copy (``packed=True``: twice
+the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at 4-64 rows), else
+``F.linear`` on the same weight. See ``kernels/bf16_linear_cpu.cpp`` for the measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftlm.kernels.bf16_linear_cpu import K_MULTIPLE
+
+Gemv = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class GemvLinear(nn.Module):
+    GEMV_MAX_ROWS = 2
+
+    def __init__(self, linear: nn.Linear, gemv: Gemv, packed: bool = False) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        if weight.dtype != torch.bfloat16 or self.in_features % K_MULTIPLE:
+            raise ValueError("GemvLinear needs a bfloat16 weight whose in_features is a multiple of 32")
+        self.register_buffer("weight", weight.contiguous(), persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if packed else None
+        self.register_buffer("packed_weight", packed_weight, persistent=False)
+        self.gemv = gemv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~200 times a token
+        if x2.shape[0] <= self.GEMV_MAX_ROWS and x2.dtype == torch.bfloat16:
+            y = self.gemv(x2.contiguous(), b["weight"])
+            if b["bias"] is not None:
+                y.add_(b["bias"])
+        elif b["packed_weight"] is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x2, b["packed_weight"], b["bias"], "none", [], "")
+        else:
+            y = F.linear(x2, b["weight"], b["bias"])
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_gemv(model: nn.Module, gemv: Gemv, packed: bool = False) -> int:
+    """Replace every bf16 nn.Linear the kernel can take by a GemvLinear; returns how many. The tied
+    lm_head shares the embedding's tensor (the kernel reads nn.Linear's layout: no copy)."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16
+                    and child.in_features % K_MULTIPLE == 0):
+                setattr(parent, name, GemvLinear(child, gemv, packed))
+                count += 1
+    return count

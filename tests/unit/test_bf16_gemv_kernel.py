@@ -1,0 +1,99 @@
+"""The AVX512-BF16 GEMV kernel against float64 sums of the same bf16 values, and GemvLinear's dispatch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftlm.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS, load_bf16_gemv
+from swiftlm.model.cpu_linear import GemvLinear, use_gemv
+from swiftlm.platform import cpu_flags
+
+
+@pytest.fixture(scope="module")
+def gemv():
+    op = load_bf16_gemv()
+    if op is None:
+        if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
+            pytest.fail("the CPU has AVX512-BF16 but the GEMV kernel did not load; see the log")
+        pytest.skip(f"bf16 GEMV kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
+    return op
+
+
+def test_kernel_loads_on_avx512_bf16_machines() -> None:
+    if not all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
+        pytest.skip("no AVX512-BF16 on this CPU")
+    assert load_bf16_gemv() is not None
+
+
+def _check_against_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """y must be the float64 result rounded to bf16, up to float32 summation error: within one
+    bf16 rounding step (2^-8 relative) plus K * 2^-24 of the sum of |products|."""
+    exact = x.double() @ w.double().T
+    magnitude = x.double().abs() @ w.double().abs().T
+    bound = exact.abs() * 2.0**-8 + magnitude * x.shape[1] * 2.0**-24 + 1e-30
+    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
+    assert ((y.double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+@pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
+def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    y = gemv(x, w)
+    _check_against_float64(y, x, w)
+    # and agrees with F.linear almost everywhere (both are float32 sums rounded once to bf16)
+    assert (y == F.linear(x, w)).float().mean() > 0.9
+
+
+def test_gemv_rounds_half_to_even_and_keeps_special_values(gemv) -> None:
+    k = 32
+    x = torch.zeros(1, k, dtype=torch.bfloat16)
+    x[0, 0] = 1.0
+    w = torch.zeros(4, k, dtype=torch.bfloat16)
+    w[0, 0] = float("inf")
+    w[1, 0] = float("nan")
+    w[2, 0] = -0.0
+    w[3, 0] = 3.0
+    y = gemv(x, w)[0]
+    assert y[0] == float("inf") and torch.isnan(y[1]) and y[2] == 0 and y[3] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "message"),
+    [
+        (torch.zeros(1, 48, dtype=torch.bfloat16), torch.zeros(4, 48, dtype=torch.bfloat16), "multiple of 32"),
+        (torch.zeros(1, 32), torch.zeros(4, 32), "bfloat16"),
+        (torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16), r"\[N, K\]"),
+        (torch.zeros(2, 64, dtype=torch.bfloat16)[:, ::2], torch.zeros(4, 32, dtype=torch.bfloat16), "contiguous"),
+    ],
+)
+def test_gemv_rejects_bad_inputs(gemv, x, w, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        gemv(x, w)
+
+
+def test_gemv_linear_dispatch(gemv) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 40, bias=True).bfloat16()
+    layer = GemvLinear(linear, gemv)
+    for rows in (1, 2):  # the kernel, plus the bias rounded like torch's in-place add
+        x = torch.randn(3, rows, 64).bfloat16()[1]
+        expect = gemv(x, linear.weight.detach()).add_(linear.bias.detach())
+        assert torch.equal(layer(x), expect)
+    x = torch.randn(2, 3, 64).bfloat16()  # 6 rows: the dense matmul on the same weight
+    assert torch.equal(layer(x), F.linear(x, linear.weight, linear.bias))
+    packed = GemvLinear(linear, gemv, packed=True)
+    assert packed.packed_weight is not None
+    torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=2e-2, atol=2e-2)
+
+
+def test_use_gemv_takes_only_layers_the_kernel_can_run(gemv) -> None:
+    model = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 64), nn.Linear(64, 64)).bfloat16()
+    model.append(nn.Linear(64, 64))  # float32: left alone
+    assert use_gemv(model, gemv) == 2
+    assert [type(m).__name__ for m in model] == ["GemvLinear", "Linear", "GemvLinear", "Linear"]

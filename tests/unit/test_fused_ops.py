@@ -1,0 +1,97 @@
+"""The fused CPU ops against the plain torch code of swiftlm.model.layers they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from swiftlm.kernels.fused_cpu import load_fused_ops
+from swiftlm.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    loaded = load_fused_ops()
+    assert loaded is not None, "the fused ops are plain C++ and must build wherever torch extensions do"
+    return loaded
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """float32: equal to float rounding. bf16: every value equal, or one bf16 step away where the
+    float32 norm statistic (summed in another order) landed on the other side of a rounding tie."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        return
+    diff = (got.float() - want.float()).abs()
+    step = want.float().abs() * 2.0**-7 + 1e-30
+    assert (diff <= step).all()
+    assert (diff == 0).float().mean() > 0.99
+
+
+def _norm(dim: int, dtype: torch.dtype, seed: int) -> RMSNorm:
+    norm = RMSNorm(dim, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(dim, generator=torch.Generator().manual_seed(seed)) * 0.5 + 1)
+    return norm.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 700])
+def test_rms_norm(ops, dtype: torch.dtype, rows: int) -> None:
+    norm = _norm(96, dtype, rows)
+    x = (torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    _assert_same(ops.rms_norm(x, norm.weight, norm.eps), norm(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 600])
+def test_add_rms_norm_updates_the_residual_in_place(ops, dtype: torch.dtype, rows: int) -> None:
+    norm = _norm(64, dtype, 2)
+    g = torch.Generator().manual_seed(rows)
+    residual = torch.randn(rows, 64, generator=g).to(dtype)
+    delta = torch.randn(rows, 64, generator=g).to(dtype)
+    want_residual = residual + delta
+    out = ops.add_rms_norm_(residual, delta, norm.weight, norm.eps)
+    assert torch.equal(residual, want_residual)  # one rounded add, as torch's
+    _assert_same(out, norm(want_residual))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 4, 300])
+def test_qk_norm_rope(ops, dtype: torch.dtype, rows: int) -> None:
+    hq, hk, dh = 4, 2, 32
+    g = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, (hq + 2 * hk) * dh, generator=g).to(dtype)
+    q_norm, k_norm = _norm(dh, dtype, 3), _norm(dh, dtype, 4)
+    rotary = RotaryEmbedding(dh, 4096, 1_000_000.0)
+    positions = torch.randint(0, 4096, (rows,), generator=g)
+    q, k = ops.qk_norm_rope(qkv, q_norm.weight, k_norm.weight, rotary.cos_cached, rotary.sin_cached,
+                            positions, hq, hk, q_norm.eps)
+    q_ref = q_norm(qkv[:, : hq * dh].reshape(rows, hq, dh))
+    k_ref = k_norm(qkv[:, hq * dh : (hq + hk) * dh].reshape(rows, hk, dh))
+    q_ref, k_ref = apply_rotary(q_ref, k_ref, rotary.table(positions, dtype))
+    _assert_same(q, q_ref)
+    _assert_same(k, k_ref)
+
+
+def test_qk_norm_rope_rejects_positions_outside_the_table(ops) -> None:
+    rotary = RotaryEmbedding(16, 8, 10000.0)
+    w = torch.ones(16)
+    with pytest.raises(RuntimeError, match="outside"):
+        ops.qk_norm_rope(torch.zeros(1, 64), w, w, rotary.cos_cached, rotary.sin_cached,
+                         torch.tensor([8]), 2, 1, 1e-6)
+    with pytest.raises(RuntimeError, match="width"):
+        ops.qk_norm_rope(torch.zeros(1, 60), w, w, rotary.cos_cached, rotary.sin_cached,
+                         torch.tensor([0]), 2, 1, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 300])
+def test_silu_mul(ops, dtype: torch.dtype, rows: int) -> None:
+    gate_up = (torch.randn(rows, 2 * 160, generator=torch.Generator().manual_seed(rows)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    _assert_same(ops.silu_mul(gate_up), F.silu(gate) * up)
