@@ -360,6 +360,10 @@ def _run_chat(args: argparse.Namespace) -> int:
 # -- entry point -------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("serve", "generate", "chat"):
+        from swiftlm.threads import pin_cpu_threads_env
+
+        pin_cpu_threads_env()
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # ConfigError, LoadError, RequestError, bad sampling values

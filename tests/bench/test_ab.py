@@ -152,3 +152,27 @@ def test_run_ab_starts_a_served_side_and_stops_it(fake, tmp_path) -> None:
     sessions = {b["session_id"] for b in fake.app.state.bodies}
     assert len(sessions) == 2 and all(s.endswith("-B") for s in sessions)  # 2 rounds x 1 conversation
     assert (tmp_path / "serve_A_round0.log").exists()
+
+
+def test_run_ab_per_side_request_options(fake) -> None:
+    """One server, two request settings: the reference deployment's thinking/streaming A/B."""
+    config = ABConfig(
+        rounds=2,
+        concurrency=1,
+        num_requests=2,
+        workload="qa",
+        show_progress=False,
+        extra_body={"temperature": 0.5, "seed": 1},
+        side_extra_body={"A": {"enable_thinking": True}, "B": {"enable_thinking": False, "max_tokens": 128}},
+        side_stream={"A": True, "B": False},
+    )
+    rounds_a, rounds_b = run_ab(parse_target("A", fake.url), parse_target("B", fake.url), config)
+    assert all(r.ok for run in rounds_a + rounds_b for r in run.records)
+    bodies = fake.app.state.bodies
+    assert len(bodies) == 8
+    for i, body in enumerate(bodies):  # rounds A, B, A, B; two requests each
+        side_a = (i // 2) % 2 == 0
+        assert body["stream"] is side_a
+        assert body["enable_thinking"] is side_a
+        assert body["temperature"] == 0.5 and body["seed"] == 1
+        assert body["max_tokens"] == (64 if side_a else 128)  # the qa preset's 64 unless B overrides it

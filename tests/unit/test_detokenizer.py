@@ -118,3 +118,26 @@ def test_random_multibyte_sequences(qwen3_tokenizer: Tokenizer, skip_special_tok
         detok = IncrementalDetokenizer(qwen3_tokenizer, skip_special_tokens=skip_special_tokens)
         deltas = _stream(detok, ids)
         assert "".join(deltas) == qwen3_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), seed
+
+
+def _byte_token(tokenizer: Tokenizer, byte: int) -> int:
+    """The byte-level BPE token of one raw byte (GPT-2's byte-to-unicode alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = [b for b in range(256) if b not in printable]
+    char = chr(byte) if byte in printable else chr(256 + extra.index(byte))
+    token = tokenizer.token_id(char)
+    assert token is not None
+    return token
+
+
+def test_invalid_bytes_stream_instead_of_waiting_for_the_end(qwen3_tokenizer: Tokenizer) -> None:
+    """A run of lone lead bytes (a broken or random model) decodes to U+FFFDs that can never
+    complete except for the last one: they are emitted as they come, not held to the end."""
+    lead = _byte_token(qwen3_tokenizer, 0xF0)
+    ids = [lead] * 6 + qwen3_tokenizer.encode("ok 😀") + [lead, _byte_token(qwen3_tokenizer, 0x9F)]
+    detok = IncrementalDetokenizer(qwen3_tokenizer)
+    deltas = _stream(detok, ids)
+    assert "".join(deltas) == qwen3_tokenizer.decode(ids)
+    assert deltas[1] == "\ufffd"  # the first lead byte is final as soon as the second arrives
+    assert "".join(deltas[:6]) == "\ufffd" * 5  # the sixth may still start a character
+    assert deltas[-1] == "\ufffd"  # the unfinished F0 9F comes out at the flush

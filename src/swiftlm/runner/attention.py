@@ -120,6 +120,8 @@ class PagedAttention:
             n_kv, d = k_pool.shape[2], k_pool.shape[3]
             k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k.to(k_pool.dtype))
             v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v.to(v_pool.dtype))
+            if decode is not None and decode.whole_batch:  # decode-only step: no gather or scatter
+                return decode.attend(q, k_pool, v_pool)
             out = torch.empty_like(q)
             for r in meta.prefill_rows:
                 lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
@@ -142,6 +144,7 @@ class _DecodeBatch:
     seq_lens: torch.Tensor  # [B]
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where a key is in context
     kernel: DecodeKernel | None
+    whole_batch: bool  # the step is these decode rows alone, in order: q needs no gather
 
     @classmethod
     def build(cls, meta: AttentionMetadata, block_size: int, kernel: DecodeKernel | None) -> _DecodeBatch:
@@ -153,8 +156,10 @@ class _DecodeBatch:
         if kernel is None:
             keys = torch.arange(max_blocks * block_size)
             mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
-        rows = torch.tensor([meta.query_start[r] for r in idx])
-        return cls(rows=rows, block_tables=tables.contiguous(), seq_lens=lens, mask=mask, kernel=kernel)
+        starts = [meta.query_start[r] for r in idx]
+        whole = not meta.prefill_rows and starts == list(range(len(idx)))
+        return cls(rows=torch.tensor(starts), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
+                   kernel=kernel, whole_batch=whole)
 
     def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         # q: [B, Hq, D] -> gathered keys [B, max_blocks * block_size, Hkv, D]

@@ -10,6 +10,12 @@ window of ids and the text of its first part (the "prefix", already emitted):
 Each step decodes the window; if the text does not end in U+FFFD, everything past the prefix text
 is final and is emitted, and the unread tokens become the next prefix. Decoding the prefix with its
 neighbour keeps tokenizers whose pieces depend on context (SentencePiece spaces) correct.
+
+If the text does end in U+FFFD, only that last character can still change: lossy UTF-8 decoding
+turns an unfinished sequence at the end into one U+FFFD, and every byte before that sequence is
+already decoded for good (an invalid byte stays U+FFFD whatever follows). So the text before it
+is emitted at once and only the last character waits: a stream of invalid bytes (a broken or
+random model) still streams instead of holding everything back until it finishes.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ class IncrementalDetokenizer:
         self._window = context
         self._read = len(context)
         self._prefix_text = context_text
+        self._held_emitted = 0  # characters past the prefix text already emitted from an unfinished window
         self._pieces: list[str] = []
 
     @property
@@ -87,9 +94,15 @@ class IncrementalDetokenizer:
         if self._read == len(self._window):
             return ""
         text = self._decode(self._window)
+        start = len(self._prefix_text) + self._held_emitted
         if not final and text.endswith(_REPLACEMENT):
-            return ""
-        delta = text[len(self._prefix_text) :]
+            delta = text[start:-1]  # all but the last character, which may still complete
+            self._held_emitted += len(delta)
+            if delta:
+                self._pieces.append(delta)
+            return delta
+        delta = text[start:]
+        self._held_emitted = 0
         if final:
             # Whatever the last bytes were, the stream restarts clean if more tokens ever come.
             self._window, self._read, self._prefix_text = [], 0, ""

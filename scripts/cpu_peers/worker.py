@@ -1,0 +1,118 @@
+"""One engine of the CPU peer benchmark, driven over stdin / stdout (see run.py).
+
+    python worker.py swiftlm MODEL_DIR [--quantization int8|int4]
+    python worker.py hf MODEL_DIR
+    python worker.py llama MODEL.gguf [--flash-attn] [--no-extra-bufts]
+
+It loads the model once, prints {"ready": true, "load_s": ...}, then answers each request line
+{"prompt": [token ids], "decode": D} with {"ttft_s": ..., "decode_tok_s": ...}: greedy, single
+request, TTFT = prompt in to first token sampled, decode = the next D tokens one at a time.
+Runs under the project's venv (swiftlm, hf) or the llama-cpp-python venv (llama): only that
+engine's package is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def swiftlm_engine(args: argparse.Namespace):
+    import torch
+
+    from swiftlm import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(args.model, dtype="bfloat16", quantization=args.quantization, kv_cache_memory=1 << 30,
+              enable_prefix_caching=False, max_model_len=4096)
+
+    def run(prompt: list[int], decode: int) -> tuple[float, float]:
+        params = SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True)
+        t0 = time.perf_counter()
+        t_first = None
+        for out in llm.stream({"prompt_token_ids": prompt}, params):
+            if t_first is None and out.outputs and out.outputs[0].token_ids:
+                t_first = time.perf_counter()
+        return t_first - t0, decode / (time.perf_counter() - t_first)
+
+    return run
+
+
+def hf_engine(args: argparse.Namespace):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+
+    @torch.inference_mode()
+    def run(prompt: list[int], decode: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+        token = out.logits[0, -1].argmax().view(1, 1)
+        t1 = time.perf_counter()
+        past = out.past_key_values
+        for _ in range(decode):
+            out = model(token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        return t1 - t0, decode / (time.perf_counter() - t1)
+
+    return run
+
+
+def llama_engine(args: argparse.Namespace):
+    import numpy as np
+
+    if args.no_extra_bufts:  # see scripts/peers/llama_server.py: AMX buffers crash quantized GGUFs here
+        import llama_cpp.llama_cpp as lib
+
+        default_params = lib.llama_model_default_params
+
+        def without_extra_bufts():
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+
+        lib.llama_model_default_params = without_extra_bufts
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                n_threads_batch=args.threads, flash_attn=args.flash_attn, logits_all=False, verbose=False)
+
+    def run(prompt: list[int], decode: int) -> tuple[float, float]:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t1 = time.perf_counter()
+        for _ in range(decode):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return t1 - t0, decode / (time.perf_counter() - t1)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("engine", choices=("swiftlm", "hf", "llama"))
+    parser.add_argument("model")
+    parser.add_argument("--quantization")
+    parser.add_argument("--flash-attn", action="store_true")
+    parser.add_argument("--no-extra-bufts", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    run = {"swiftlm": swiftlm_engine, "hf": hf_engine, "llama": llama_engine}[args.engine](args)
+    run(list(range(1000, 1016)), 2)  # warm-up: first-call allocations and kernel setup
+    print(json.dumps({"ready": True, "load_s": time.perf_counter() - t0}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        ttft, decode_tok_s = run(request["prompt"], request["decode"])
+        print(json.dumps({"ttft_s": ttft, "decode_tok_s": decode_tok_s}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
