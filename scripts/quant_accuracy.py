@@ -4,7 +4,8 @@ bf16 on a fixed token set (teacher-forced: the same tokens go into every model).
     python scripts/quant_accuracy.py models/qwen3-0.6b-random [--sequences 8] [--length 256]
 
 For every position of every sequence: KL(bf16 || quantised) of the softmax distributions, and
-whether the argmax agrees. With random weights this is a numerical check of the quantisers and
+whether the argmax agrees. The same numbers for float32 against bf16 show how sensitive the model
+is to rounding at all (random networks are: their logits are nearly flat). With random weights this is a numerical check of the quantisers and
 kernels (how far their outputs move), not a statement about the quality of a trained model.
 Each model runs the engine's own transformations (``prepare_model``: fused projections, the
 quantised linears with their kernels, the fused ops) over a dense attention.
@@ -46,9 +47,11 @@ def main() -> None:
     sequences = [torch.randint(0, 151643, (args.length,), generator=g).tolist() for _ in range(args.sequences)]
     results = {}
     reference = None
-    for method in (None, "int8", "int4"):
-        model = load_model(args.model, "bfloat16")
-        prepare_model(model, EngineConfig(model=args.model, dtype="bfloat16", quantization=method))
+    # float32 first as a yardstick: how far bf16 rounding alone moves this model's distributions
+    for dtype, method in (("bfloat16", None), ("float32", None), ("bfloat16", "int8"), ("bfloat16", "int4")):
+        model = load_model(args.model, dtype)
+        prepare_model(model, EngineConfig(model=args.model, dtype=dtype, quantization=method))
+        method = method or dtype
         logits = logits_for(model, sequences)
         del model
         if reference is None:

@@ -81,15 +81,20 @@ def llama_engine(args: argparse.Namespace):
     llm = Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
                 n_threads_batch=args.threads, flash_attn=args.flash_attn, logits_all=False, verbose=False)
 
+    n_vocab = llm.n_vocab()
+
+    def last_logits():  # the context's output row (logits_all=False keeps only the last position)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+
     def run(prompt: list[int], decode: int) -> tuple[float, float]:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt)
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(last_logits()))
         t1 = time.perf_counter()
         for _ in range(decode):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = int(np.argmax(last_logits()))
         return t1 - t0, decode / (time.perf_counter() - t1)
 
     return run

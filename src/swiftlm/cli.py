@@ -90,6 +90,11 @@ def _add_serve(sub: Any) -> None:
     e.add_argument("--dtype", choices=DTYPES, default="auto", help="weight dtype (default: auto)")
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     e.add_argument("--quantization", choices=("none", "int8", "int4"), default="none", help="weight quantization")
+    e.add_argument("--cpu-kernels", action=argparse.BooleanOptionalAction, default=True,
+                   help="swiftlm's compiled CPU kernels where they build (default: on; off: plain torch ops)")
+    e.add_argument("--cpu-prepack", choices=("auto", "on", "off"), default="auto",
+                   help="oneDNN-packed weight copies: auto = only where the bf16 GEMV kernel does not run; "
+                        "on = also next to it (faster batched decode, twice the weight memory)")
     e.add_argument("--max-model-len", type=int, default=8192, help="context window in tokens (default: 8192)")
     e.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default: 16)")
     e.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
@@ -133,7 +138,8 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         max_queue_wait=args.max_queue_wait,
     )
     engine = EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler
+        model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler,
+        cpu_kernels=args.cpu_kernels, cpu_prepack={"auto": None, "on": True, "off": False}[args.cpu_prepack],
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:

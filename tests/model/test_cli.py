@@ -125,7 +125,7 @@ SERVE_ARGS = [
     "--no-enable-prefix-caching", "--kv-cache-memory", "2GiB", "--session-ttl", "30",
     "--max-session-tokens", "5000", "--quantization", "int8", "--api-key", "sk-test",
     "--served-model-name", "qwen3-0.6b", "--default-chat-template-kwargs", '{"enable_thinking": false}',
-    "--max-n", "4", "--log-level", "debug",
+    "--max-n", "4", "--log-level", "debug", "--no-cpu-kernels", "--cpu-prepack", "on",
 ]  # fmt: skip
 
 
@@ -144,6 +144,8 @@ def test_build_configs_maps_every_serve_flag() -> None:
             max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=4096, max_queued_requests=10,
             max_queue_wait=2.5,
         ),
+        cpu_kernels=False,
+        cpu_prepack=True,
     )  # fmt: skip
     assert server == ServerConfig(
         host="0.0.0.0", port=9001, api_key="sk-test", served_model_name="qwen3-0.6b",
