@@ -99,3 +99,4 @@ def pack_linears(model: nn.Module) -> int:
 def use_fused_ops(model: Qwen3ForCausalLM, ops: FusedOps) -> None:
     """Run the layers' norms, rotary and SiLU-multiply as the fused ops ``ops`` from now on."""
     model.model.fused_ops = ops
+    model.model.fused_plan = None  # rebuilt from the modules present at the next forward

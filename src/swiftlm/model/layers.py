@@ -7,14 +7,9 @@ activation dtype) so that bfloat16 runs round the same way.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from swiftlm.kernels.fused_cpu import FusedOps
 
 
 class RMSNorm(nn.Module):
@@ -78,9 +73,3 @@ class SwiGLU(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-    def forward_fused(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
-        """``forward`` with SiLU and the multiply in one op (same rounding steps)."""
-        gate_up = self.gate_up_proj(x) if self.gate_up_proj is not None else torch.cat(
-            (self.gate_proj(x), self.up_proj(x)), dim=-1)  # [T, 2 * intermediate]
-        return self.down_proj(ops.silu_mul(gate_up))

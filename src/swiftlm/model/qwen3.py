@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from swiftlm.config import ModelConfig
+from swiftlm.model.fused_forward import LayerPlan, build_plan, fused_forward
 from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 if TYPE_CHECKING:
@@ -64,19 +65,6 @@ class Qwen3Attention(nn.Module):
         out = attention(self.layer, q, k, v)  # [T, n_heads, head_dim]
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
 
-    def forward_fused(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, attention: Attention, ops: FusedOps
-    ) -> torch.Tensor:
-        """``forward`` with q/k norm and rotary in one op (same rounding steps)."""
-        t = x.shape[0]
-        qkv = self.qkv_proj(x) if self.qkv_proj is not None else torch.cat(
-            (self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)  # [T, (Hq + 2 Hk) * Dh]
-        q, k = ops.qk_norm_rope(qkv, self.q_norm.weight, self.k_norm.weight, rotary.cos_cached, rotary.sin_cached,
-                                positions, self.n_heads, self.n_kv_heads, self.q_norm.eps)
-        v = qkv[:, (self.n_heads + self.n_kv_heads) * self.head_dim:].reshape(t, self.n_kv_heads, self.head_dim)
-        out = attention(self.layer, q, k, v)  # [T, n_heads, head_dim]
-        return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
-
 
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
@@ -104,32 +92,18 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.fused_ops: FusedOps | None = None  # set by model.fuse.use_fused_ops (CPU)
+        self.fused_plan: list[LayerPlan] | None = None  # built at the first fused forward
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         if self.fused_ops is not None:
-            return self._forward_fused(input_ids, positions, attention, self.fused_ops)
+            if self.fused_plan is None:
+                self.fused_plan = build_plan(self)
+            return fused_forward(self, self.fused_plan, self.fused_ops, input_ids, positions, attention)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.table(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, rope, attention)
         return self.norm(x)
-
-    def _forward_fused(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention, ops: FusedOps
-    ) -> torch.Tensor:
-        """The same computation with each residual add folded into the norm that follows it: the
-        residual stream is updated in place and every layer hands the next its normed input."""
-        residual = self.embed_tokens(input_ids)  # [T, hidden], a fresh tensor: updated in place below
-        first = self.layers[0].input_layernorm
-        h = ops.rms_norm(residual, first.weight, first.eps)
-        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        for layer, next_norm in zip(self.layers, norms_after, strict=True):
-            a = layer.self_attn.forward_fused(h, positions, self.rotary, attention, ops)
-            post = layer.post_attention_layernorm
-            h = ops.add_rms_norm_(residual, a, post.weight, post.eps)
-            m = layer.mlp.forward_fused(h, ops)
-            h = ops.add_rms_norm_(residual, m, next_norm.weight, next_norm.eps)
-        return h
 
 
 class Qwen3ForCausalLM(nn.Module):

@@ -118,8 +118,8 @@ class PagedAttention:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
             n_kv, d = k_pool.shape[2], k_pool.shape[3]
-            k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k.to(k_pool.dtype))
-            v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v.to(v_pool.dtype))
+            k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
+            v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
             if decode is not None and decode.whole_batch:  # decode-only step: no gather or scatter
                 return decode.attend(q, k_pool, v_pool)
             out = torch.empty_like(q)
