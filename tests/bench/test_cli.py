@@ -192,6 +192,23 @@ def test_bench_ab_exit_codes(fake, tmp_path) -> None:
     )
 
 
+def test_bench_ab_per_side_flags_reach_the_requests_and_the_report(fake, tmp_path) -> None:
+    code = main([
+        "ab", "--a", fake.url, "--b", fake.url, "--rounds", "1", "--num-requests", "2", "--concurrency", "1",
+        "--no-progress", "--bootstrap", "50", "--extra-body", '{"seed": 3}',
+        "--a-extra-body", '{"enable_thinking": true}', "--a-stream", "on",
+        "--b-extra-body", '{"enable_thinking": false, "max_tokens": 128}', "--b-stream", "off",
+        "--output-dir", str(tmp_path / "ab"),
+    ])  # fmt: skip
+    assert code == 0
+    a, b = fake.app.state.bodies[:2], fake.app.state.bodies[2:]
+    assert all(x["stream"] is True and x["enable_thinking"] is True and x["seed"] == 3 for x in a)
+    assert all(x["stream"] is False and x["enable_thinking"] is False and x["max_tokens"] == 128 for x in b)
+    meta = json.loads((tmp_path / "ab" / "ab.json").read_text())["meta"]
+    assert meta["stream"] == {"A": True, "B": False}
+    assert meta["extra_body"]["B"] == {"seed": 3, "enable_thinking": False, "max_tokens": 128}
+
+
 def test_bad_arguments_exit_2(tmp_path, capsys) -> None:
     base = ["--output-dir", str(tmp_path), "--no-progress"]
     assert main(["serve", "--base-url", "http://127.0.0.1:9", "--extra-body", "[1]", *base]) == 2
