@@ -31,9 +31,9 @@ def test_kernels_load_where_the_cpu_has_vnni() -> None:
 def test_loader_falls_back_to_none(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from swiftlm.kernels import build, quant_cpu
 
-    monkeypatch.setattr(quant_cpu, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw"}))
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw"}))
     assert quant_cpu.load_quant_kernels.__wrapped__() is None
-    monkeypatch.setattr(quant_cpu, "cpu_flags", lambda: frozenset(quant_cpu.REQUIRED_CPU_FLAGS))
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(quant_cpu.REQUIRED_CPU_FLAGS))
 
     def broken_build(*args: object) -> None:
         raise RuntimeError("Error building extension 'swiftlm_quant'")

@@ -29,17 +29,13 @@ allocates the pools puts them on huge pages.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from swiftlm.kernels.build import load_cpu_op_library
-from swiftlm.platform import cpu_flags
-
-logger = logging.getLogger(__name__)
+from swiftlm.kernels.build import try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")  # AVX512-BF16 is used when present
@@ -52,21 +48,6 @@ PagedDecodeAttention = Callable[
 @cache
 def load_paged_attention() -> PagedDecodeAttention | None:
     """The compiled op (built on first use, then cached on disk), or None when unavailable."""
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        logger.info(
-            "paged attention kernel unavailable: CPU lacks %s; using the torch path", ", ".join(missing)
-        )
-        return None
-    try:
-        load_cpu_op_library("swiftlm_paged_attention", SOURCE)
-    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
-        first_line = str(exc).strip().split("\n", 1)[0]
-        logger.info(
-            "paged attention kernel unavailable (%s: %s); using the torch path",
-            type(exc).__name__,
-            first_line,
-        )
-        logger.debug("paged attention kernel build failure", exc_info=True)
+    if not try_load_cpu_op_library("swiftlm_paged_attention", SOURCE, "paged attention kernel", REQUIRED_CPU_FLAGS):
         return None
     return torch.ops.swiftlm_attention.paged_decode_attention.default

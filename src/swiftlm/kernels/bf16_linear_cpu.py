@@ -9,16 +9,13 @@ in another order, and the tests hold it to that.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import torch
 
-from swiftlm.platform import cpu_flags
-
-logger = logging.getLogger(__name__)
+from swiftlm.kernels.build import try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("bf16_linear_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
@@ -28,17 +25,6 @@ K_MULTIPLE = 32  # the kernel reads K in vectors of 32 bf16 values
 @cache
 def load_bf16_gemv() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The compiled op (built on first use, ~10 s, then loaded from the disk cache) or None."""
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        logger.info("bf16 GEMV kernel unavailable: CPU lacks %s; using F.linear", ", ".join(missing))
-        return None
-    try:
-        from swiftlm.kernels.build import load_cpu_op_library
-
-        load_cpu_op_library("swiftlm_bf16", SOURCE)
-    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
-        lines = str(exc).strip().splitlines()
-        logger.warning("bf16 GEMV kernel unavailable (%s: %s); using F.linear",
-                       type(exc).__name__, lines[-1] if lines else "")
+    if not try_load_cpu_op_library("swiftlm_bf16", SOURCE, "bf16 GEMV kernel", REQUIRED_CPU_FLAGS):
         return None
     return torch.ops.swiftlm_bf16.gemv.default

@@ -76,3 +76,28 @@ def load_cpu_op_library(
     (build_dir / _DONE).write_text(f"{time.perf_counter() - start:.1f} s\n")
     logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - start)
     return library
+
+
+def try_load_cpu_op_library(
+    name: str,
+    source: Path,
+    what: str,
+    required_cpu_flags: Sequence[str] = (),
+    cflags: Sequence[str] = CPU_CFLAGS,
+) -> bool:
+    """``load_cpu_op_library`` for callers with a torch fallback: True when the ops are loaded;
+    False (the reason logged: missing CPU flags at INFO, a failed build or load as a WARNING)
+    when ``what`` cannot run here."""
+    missing = [f for f in required_cpu_flags if f not in cpu_flags()]
+    if missing:
+        logger.info("%s unavailable: CPU lacks %s; using the torch path", what, ", ".join(missing))
+        return False
+    try:
+        load_cpu_op_library(name, source, cflags)
+    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
+        lines = str(exc).strip().splitlines()
+        logger.warning("%s unavailable (%s: %s); using the torch path", what, type(exc).__name__,
+                       lines[-1] if lines else "")
+        logger.debug("%s build failure", what, exc_info=True)
+        return False
+    return True

@@ -9,7 +9,6 @@ vectorises it): any x86 or Arm CPU that builds torch extensions can run it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+from swiftlm.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
 
@@ -36,14 +35,7 @@ class FusedOps:
 @cache
 def load_fused_ops() -> FusedOps | None:
     """The compiled ops (built on first use, ~20 s, then loaded from the disk cache) or None."""
-    try:
-        from swiftlm.kernels.build import CPU_CFLAGS, load_cpu_op_library
-
-        load_cpu_op_library("swiftlm_fused", SOURCE, cflags=(*CPU_CFLAGS, "-ffp-contract=off"))
-    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
-        lines = str(exc).strip().splitlines()
-        logger.warning("fused CPU ops unavailable (%s: %s); using plain torch ops",
-                       type(exc).__name__, lines[-1] if lines else "")
+    if not try_load_cpu_op_library("swiftlm_fused", SOURCE, "fused CPU ops", cflags=(*CPU_CFLAGS, "-ffp-contract=off")):
         return None
     ops = torch.ops.swiftlm_fused
     return FusedOps(

@@ -23,7 +23,6 @@ and return x's dtype; ``n0`` must be a multiple of 16.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -31,9 +30,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.platform import cpu_flags
-
-logger = logging.getLogger(__name__)
+from swiftlm.kernels.build import try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("quant_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
@@ -59,18 +56,7 @@ class QuantOps:
 @cache
 def load_quant_kernels() -> QuantOps | None:
     """The compiled ops (built on first use, ~1 minute, then loaded from the disk cache) or None."""
-    missing = [f for f in REQUIRED_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        logger.info("quantised linear kernels unavailable: CPU lacks %s; using the torch path", ", ".join(missing))
-        return None
-    try:
-        from swiftlm.kernels.build import load_cpu_op_library
-
-        load_cpu_op_library("swiftlm_quant", SOURCE)
-    except Exception as exc:  # compiler missing, build error, loader error: all mean "use torch"
-        lines = str(exc).strip().splitlines()
-        logger.warning("quantised linear kernels unavailable (%s: %s); using the slower torch path",
-                       type(exc).__name__, lines[-1] if lines else "")
+    if not try_load_cpu_op_library("swiftlm_quant", SOURCE, "quantised linear kernels", REQUIRED_CPU_FLAGS):
         return None
     ops = torch.ops.swiftlm_quant
     return QuantOps(
