@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def swiftlm_engine(args: argparse.Namespace):
@@ -65,17 +66,11 @@ def hf_engine(args: argparse.Namespace):
 def llama_engine(args: argparse.Namespace):
     import numpy as np
 
-    if args.no_extra_bufts:  # see scripts/peers/llama_server.py: AMX buffers crash quantized GGUFs here
-        import llama_cpp.llama_cpp as lib
+    if args.no_extra_bufts:  # AMX buffers crash quantized GGUFs on this CPU: see scripts/peers/llama_server.py
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peers"))
+        from llama_server import disable_extra_bufts
 
-        default_params = lib.llama_model_default_params
-
-        def without_extra_bufts():
-            params = default_params()
-            params.use_extra_bufts = False
-            return params
-
-        lib.llama_model_default_params = without_extra_bufts
+        disable_extra_bufts()
     from llama_cpp import Llama
 
     llm = Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,

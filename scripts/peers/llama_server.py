@@ -18,20 +18,25 @@ from __future__ import annotations
 import sys
 
 
+def disable_extra_bufts() -> None:
+    """Make every model load with llama.cpp's extra buffer types off (see above); call before loading."""
+    import llama_cpp.llama_cpp as lib
+
+    default_params = lib.llama_model_default_params
+
+    def without_extra_bufts() -> object:
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = without_extra_bufts
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if "--no-extra-bufts" in argv:
         argv.remove("--no-extra-bufts")
-        import llama_cpp.llama_cpp as lib
-
-        default_params = lib.llama_model_default_params
-
-        def without_extra_bufts() -> object:
-            params = default_params()
-            params.use_extra_bufts = False
-            return params
-
-        lib.llama_model_default_params = without_extra_bufts
+        disable_extra_bufts()
     from llama_cpp.server.__main__ import main as server_main
 
     sys.argv = [sys.argv[0], *argv]

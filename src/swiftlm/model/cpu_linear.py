@@ -36,10 +36,8 @@ class GemvLinear(nn.Module):
         self.gemv = gemv
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~200 times a token
-        if x.dim() == 2 and x.shape[0] <= self.GEMV_MAX_ROWS and x.dtype == torch.bfloat16 and b["bias"] is None:
-            return self.gemv(x.contiguous(), b["weight"])  # the decode path, kept short: ~110 calls a token
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~110 calls a token
         if x2.shape[0] <= self.GEMV_MAX_ROWS and x2.dtype == torch.bfloat16:
             y = self.gemv(x2.contiguous(), b["weight"])
             if b["bias"] is not None:
@@ -48,7 +46,7 @@ class GemvLinear(nn.Module):
             y = torch.ops.mkldnn._linear_pointwise(x2, b["packed_weight"], b["bias"], "none", [], "")
         else:
             y = F.linear(x2, b["weight"], b["bias"])
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
 
 def use_gemv(model: nn.Module, gemv: Gemv, packed: bool = False) -> int:
