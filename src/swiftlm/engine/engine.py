@@ -78,27 +78,29 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
 
         quantize(model, config.quantization)
     dtype = model.model.embed_tokens.weight.dtype
-    if config.device == "cpu" and config.quantization is None:
-        own_weights(model)
-    if config.cpu_kernels and config.device == "cpu":
+    cpu = config.device == "cpu"
+    gemv = None
+    if cpu and config.cpu_kernels:
         from swiftlm.kernels.fused_cpu import load_fused_ops
 
         ops = load_fused_ops()
         if ops is not None:
             use_fused_ops(model, ops)
-    gemv = None
-    if config.cpu_kernels and config.device == "cpu" and dtype == torch.bfloat16:
-        from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
+        if dtype == torch.bfloat16:
+            from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
 
-        gemv = load_bf16_gemv()
+            gemv = load_bf16_gemv()
+    packing = config.cpu_prepack is not False and can_pack(dtype, config.device)
+    if cpu and config.quantization is None and (gemv is not None or not packing):
+        own_weights(model)  # the weights stay as loaded: out of the file mapping (packing copies them anyway)
     count = 0
     if gemv is not None:
         from swiftlm.model.cpu_linear import use_gemv
 
-        packed = config.cpu_prepack is True and can_pack(dtype, config.device)
-        count = use_gemv(model, gemv, packed=packed)
-        logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if packed else "")
-    if config.cpu_prepack is not False and can_pack(dtype, config.device):
+        extra = config.cpu_prepack is True and packing
+        count = use_gemv(model, gemv, packed=extra)
+        logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if extra else "")
+    if packing:
         count += pack_linears(model)  # the linears the kernel did not take
     return count
 
