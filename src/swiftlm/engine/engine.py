@@ -15,9 +15,10 @@ from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.request import FinishReason, Request
 from swiftlm.engine.sampler import SamplingRow
 from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
-from swiftlm.model.fuse import can_pack, fuse_projections, own_weights, pack_linears, use_fused_ops
+from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears, use_fused_ops
 from swiftlm.model.loader import load_model, resolve_model_dir
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
+from swiftlm.model.weight_arena import place_weights_in_arena
 from swiftlm.platform import resolve_dtype
 from swiftlm.runner.kv_cache import KVCache, num_blocks_for
 from swiftlm.runner.runner import ModelRunner, SampledToken
@@ -91,8 +92,6 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
 
             gemv = load_bf16_gemv()
     packing = config.cpu_prepack is not False and can_pack(dtype, config.device)
-    if cpu and config.quantization is None and (gemv is not None or not packing):
-        own_weights(model)  # the weights stay as loaded: out of the file mapping (packing copies them anyway)
     count = 0
     if gemv is not None:
         from swiftlm.model.cpu_linear import use_gemv
@@ -102,6 +101,9 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
         logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if extra else "")
     if packing:
         count += pack_linears(model)  # the linears the kernel did not take
+    if cpu:
+        # the streamed weights out of the checkpoint's file mapping, into one buffer in reading order
+        place_weights_in_arena(model)
     return count
 
 

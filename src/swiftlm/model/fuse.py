@@ -42,27 +42,6 @@ def fuse_projections(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
     return model
 
 
-def own_weights(model: Qwen3ForCausalLM) -> int:
-    """Copy the o_proj, down_proj, embedding and lm_head weights that the loader left memory-mapped
-    from the checkpoint file into process memory (the fused q/k/v and gate/up already are). Decode
-    streams every weight once per token, and file-backed pages stream slower: measured on a 2-core
-    Xeon, all linears of the 0.6B shape at batch 1, 75 ms from the mapped file vs 61 ms from a copy.
-    Costs one copy of those weights at load. Returns the bytes copied."""
-    copied = 0
-    embed = model.model.embed_tokens
-    tied = model.lm_head.weight is embed.weight
-    modules: list[nn.Module] = [embed] if tied else [embed, model.lm_head]
-    for layer in model.model.layers:
-        modules += [layer.self_attn.o_proj, layer.mlp.down_proj]
-    for module in modules:
-        weight = module.weight.detach()
-        module.weight = nn.Parameter(weight.clone(), requires_grad=False)
-        copied += weight.numel() * weight.element_size()
-    if tied:
-        model.lm_head.weight = embed.weight
-    return copied
-
-
 class PackedLinear(nn.Module):
     """A linear layer whose weight oneDNN has reordered once into its blocked layout."""
 
