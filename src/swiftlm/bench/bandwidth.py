@@ -10,7 +10,7 @@ import time
 
 import torch
 
-_PROBE_BYTES = 256 * 1024 * 1024
+_PROBE_BYTES = 1 << 30  # twice the largest L3 seen (480 MiB): the probe must not be served from cache
 
 
 class BandwidthProbe:

@@ -7,6 +7,7 @@ import os
 import torch
 
 from swiftlm.config import CacheConfig, ModelConfig
+from swiftlm.host_memory import huge_page_tensors
 
 # Without an explicit kv_cache_memory the pool takes at most this much (about 18k tokens of
 # Qwen3-0.6B in bf16): zeroing it is part of the start-up time, and a small model on a CPU
@@ -63,8 +64,12 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_blocks, block_size, model.num_key_value_heads, model.head_dim)
-        self._k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_hidden_layers)]
-        self._v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_hidden_layers)]
+        n = model.num_hidden_layers
+        if device == "cpu":  # decode attention streams the pools: huge pages, zero-filled as mapped
+            pools = huge_page_tensors([shape] * (2 * n), dtype)
+        else:
+            pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * n)]
+        self._k, self._v = pools[:n], pools[n:]
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._k[layer], self._v[layer]
