@@ -37,7 +37,7 @@ using at::BFloat16;
 constexpr int64_t KB = 32;        // bf16 values per vector
 constexpr int RN = 4;             // weight rows (output channels) per group
 constexpr int MR = 2;             // activation rows per pass over a group
-constexpr int64_t PREFETCH = 1024;  // bytes ahead of each weight row's stream
+constexpr int64_t PREFETCH = 4096;  // bytes ahead of the data being read, in memory order
 
 inline uint16_t to_bf16_bits(float f) {
   // round to nearest even, as c10::BFloat16(float); NaN -> 0x7FC0
@@ -47,19 +47,23 @@ inline uint16_t to_bf16_bits(float f) {
   return static_cast<uint16_t>((i + 0x7FFFu + ((i >> 16) & 1u)) >> 16);
 }
 
-// R activation rows x C weight rows, full K (a multiple of 32).
+// R activation rows x C weight rows, full K (a multiple of 32). The group's C rows are C * K
+// contiguous values, read as C interleaved streams; ``pf`` (when not null) walks the thread's
+// range linearly PREFETCH bytes ahead of the data consumed, C lines per step of 32 columns, so
+// the prefetches follow memory order whatever the row length (next rows, next group).
 template <int R, int C>
-inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, uint16_t* out, int64_t ldo) {
+inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, uint16_t* out, int64_t ldo,
+                  const char** pf, const char* pf_end) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; kk += KB) {
-    __m512bh wv[C];
-    for (int c = 0; c < C; ++c) {
-      const uint16_t* p = w + c * k + kk;
-      _mm_prefetch(reinterpret_cast<const char*>(p) + PREFETCH, _MM_HINT_T0);
-      wv[c] = (__m512bh)_mm512_loadu_si512(p);
+    if (pf != nullptr && *pf < pf_end) {
+      for (int c = 0; c < C; ++c) _mm_prefetch(*pf + 64 * c, _MM_HINT_T0);
+      *pf += 64 * C;
     }
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * k + kk);
     for (int r = 0; r < R; ++r) {
       __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + kk);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
@@ -69,11 +73,15 @@ inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, 
     for (int c = 0; c < C; ++c) out[r * ldo + c] = to_bf16_bits(_mm512_reduce_add_ps(acc[r][c]));
 }
 
+// Every activation row against one group: passes of MR rows; only the first pass prefetches.
 template <int C>
-inline void rows_over_group(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, uint16_t* out, int64_t n) {
+inline void rows_over_group(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, uint16_t* out, int64_t n,
+                            const char** pf, const char* pf_end) {
   int64_t r = 0;
-  for (; r + MR <= m; r += MR) block<MR, C>(x + r * k, k, w, k, out + r * n, n);
-  if (r < m) block<1, C>(x + r * k, k, w, k, out + r * n, n);  // MR = 2: at most one row left
+  for (; r + MR <= m; r += MR) {
+    block<MR, C>(x + r * k, k, w, k, out + r * n, n, r == 0 ? pf : nullptr, pf_end);
+  }
+  if (r < m) block<1, C>(x + r * k, k, w, k, out + r * n, n, r == 0 ? pf : nullptr, pf_end);  // MR = 2: one row left
 }
 
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
@@ -93,14 +101,17 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
   // grain: ~64 KB of weights per task at least, so that small layers do not pay for many threads
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (RN * k));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    // this thread's weights: rows g0 * RN .. min(g1 * RN, n), one contiguous byte range
+    const char* pf = reinterpret_cast<const char*>(wp + g0 * RN * k) + PREFETCH;
+    const char* pf_end = reinterpret_cast<const char*>(wp + std::min(g1 * RN, n) * k);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * RN, rows = std::min<int64_t>(RN, n - n0);
       const uint16_t* w = wp + n0 * k;
       uint16_t* o = op + n0;
       if (rows == RN) {
-        rows_over_group<RN>(xp, m, k, w, o, n);
+        rows_over_group<RN>(xp, m, k, w, o, n, &pf, pf_end);
       } else {
-        for (int64_t i = 0; i < rows; ++i) rows_over_group<1>(xp, m, k, w + i * k, o + i, n);
+        for (int64_t i = 0; i < rows; ++i) rows_over_group<1>(xp, m, k, w + i * k, o + i, n, nullptr, pf_end);
       }
     }
   });
