@@ -38,7 +38,7 @@ def _check_against_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) ->
     assert ((y.double() - exact).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9])  # passes of 4 rows and every remainder
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
 def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
@@ -81,11 +81,11 @@ def test_gemv_linear_dispatch(gemv) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=True).bfloat16()
     layer = GemvLinear(linear, gemv)
-    for rows in (1, 2):  # the kernel, plus the bias rounded like torch's in-place add
+    for rows in range(1, GemvLinear.GEMV_MAX_ROWS + 1):  # the kernel, plus the bias rounded like torch's add
         x = torch.randn(3, rows, 64).bfloat16()[1]
         expect = gemv(x, linear.weight.detach()).add_(linear.bias.detach())
         assert torch.equal(layer(x), expect)
-    x = torch.randn(2, 3, 64).bfloat16()  # 6 rows: the dense matmul on the same weight
+    x = torch.randn(2, GemvLinear.GEMV_MAX_ROWS, 64).bfloat16()  # more rows: the dense matmul on the same weight
     assert torch.equal(layer(x), F.linear(x, linear.weight, linear.bias))
     packed = GemvLinear(linear, gemv, packed=True)
     assert packed.packed_weight is not None
