@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from swiftlm.bench.bandwidth import BandwidthProbe
+from swiftlm.threads import all_cpus
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -39,7 +40,8 @@ class Worker:
     load_s: float = 0.0
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        with all_cpus():  # not the core OpenMP bound this process's main thread to (threads.all_cpus)
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self._read()
         self.load_s = ready["load_s"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def physical_cores() -> int:
@@ -29,3 +31,28 @@ def pin_cpu_threads_env() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(physical_cores()))
     os.environ.setdefault("OMP_PROC_BIND", "close")
     os.environ.setdefault("OMP_PLACES", "cores")
+
+
+@contextmanager
+def all_cpus() -> Iterator[None]:
+    """Let the calling thread run on every CPU while the block runs, then restore its mask.
+
+    A child process inherits the CPU mask of the thread that starts it. Once OpenMP has bound
+    this process's main thread to one core (OMP_PROC_BIND), every process started from it would
+    run all its threads on that core: a benchmark would measure its engines at half speed on 2
+    cores. Start child processes inside this block.
+    """
+    get = getattr(os, "sched_getaffinity", None)
+    if get is None:  # not Linux: no masks to inherit
+        yield
+        return
+    saved = get(0)
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the kernel keeps only the allowed CPUs
+    except OSError:
+        saved = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.sched_setaffinity(0, saved)

@@ -50,7 +50,7 @@ def check_layout(model: nn.Module, size: int) -> None:
     assert base % HUGE_PAGE == 0
     offsets = [t.data_ptr() - base for t in tensors]
     assert all(o % ALIGN == 0 for o in offsets)
-    assert max(o + t.numel() * t.element_size() for o, t in zip(offsets, tensors)) <= size
+    assert max(o + t.numel() * t.element_size() for o, t in zip(offsets, tensors, strict=True)) <= size
     distinct = sorted(set(offsets), key=offsets.index)
     assert distinct == sorted(distinct), "tensors are not laid out in reading order"
     assert size >= sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in tensors}.values())

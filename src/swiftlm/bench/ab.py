@@ -30,6 +30,7 @@ import httpx
 from swiftlm.bench.client import LoadConfig, RunResult, run_load_sync
 from swiftlm.bench.text_gen import TokenCounter
 from swiftlm.bench.workloads import BenchRequest, WorkloadOptions, build_workload
+from swiftlm.threads import all_cpus
 
 SERVE_COMMAND = (sys.executable, "-m", "swiftlm.cli", "serve")
 
@@ -113,14 +114,16 @@ class ServeProcess:
 
     def start(self) -> None:
         with open(self.log_path, "wb") as log:
-            # A session of its own, so stop() can signal the server and any workers it spawned.
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            # A session of its own, so stop() can signal the server and any workers it spawned;
+            # all CPUs, whatever core this process's main thread is bound to (see threads.all_cpus).
+            with all_cpus():
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         self.wait_ready()
 
     def _log_tail(self, n: int = 2000) -> str:
