@@ -149,15 +149,17 @@ class _DecodeBatch:
     @classmethod
     def build(cls, meta: AttentionMetadata, block_size: int, kernel: DecodeKernel | None) -> _DecodeBatch:
         idx = meta.decode_rows
-        lens = torch.tensor([meta.seq_lens[r] for r in idx])
-        max_blocks = int((lens.max() + block_size - 1) // block_size)
-        tables = meta.block_tables[idx, :max_blocks]
+        seq_lens = [meta.seq_lens[r] for r in idx]
+        lens = torch.tensor(seq_lens)
+        max_blocks = (max(seq_lens) + block_size - 1) // block_size
+        starts = [meta.query_start[r] for r in idx]
+        whole = not meta.prefill_rows and starts == list(range(len(idx)))
+        # the whole batch in order: the step's table as it is (no index copy)
+        tables = meta.block_tables[:, :max_blocks] if whole else meta.block_tables[idx, :max_blocks]
         mask = None
         if kernel is None:
             keys = torch.arange(max_blocks * block_size)
             mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
-        starts = [meta.query_start[r] for r in idx]
-        whole = not meta.prefill_rows and starts == list(range(len(idx)))
         return cls(rows=torch.tensor(starts), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
                    kernel=kernel, whole_batch=whole)
 

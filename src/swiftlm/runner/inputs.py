@@ -32,49 +32,46 @@ class StepInputs:
 
 
 def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu") -> StepInputs:
+    # plain Python lists, one tensor each at the end: a decode step has a handful of rows, and
+    # ~10 small torch ops cost more than the lists (~0.6 ms a step)
     ids: list[int] = []
-    starts: list[int] = []  # first position computed, per request
+    positions: list[int] = []
+    slots: list[int] = []
     query_start = [0]
     seq_lens: list[int] = []
     logits_rows: list[int] = []
     sampling: list[int] = []
     decode_rows: list[int] = []
     prefill_rows: list[int] = []
-    max_blocks = 1
+    tables: list[list[int]] = []
     for i, s in enumerate(scheduled):
         r, n = s.request, s.num_new_tokens
         c = r.num_computed_tokens
+        blocks = r.block_ids
         ids.extend(r.all_token_ids[c : c + n])
-        starts.append(c)
+        positions.extend(range(c, c + n))
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(c, c + n))
         query_start.append(query_start[-1] + n)
         seq_lens.append(c + n)
         (decode_rows if n == 1 else prefill_rows).append(i)
-        max_blocks = max(max_blocks, len(r.block_ids))
+        tables.append(blocks)
         if s.samples:
             logits_rows.append(query_start[-1] - 1)
             sampling.append(i)
-    num_reqs = len(scheduled)
-    block_tables = torch.zeros((num_reqs, max_blocks), dtype=torch.int64)  # padded with the null block
-    for i, s in enumerate(scheduled):
-        b = s.request.block_ids
-        block_tables[i, : len(b)] = torch.tensor(b, dtype=torch.int64)
-    lens = torch.tensor([query_start[i + 1] - query_start[i] for i in range(num_reqs)])
-    request_of_row = torch.repeat_interleave(torch.arange(num_reqs), lens)  # [T]
-    # positions: each request's rows count up from its first computed position
-    row = torch.arange(query_start[-1])
-    positions = row - torch.tensor(query_start[:-1])[request_of_row] + torch.tensor(starts)[request_of_row]
-    slot_mapping = block_tables[request_of_row, positions // block_size] * block_size + positions % block_size
+    max_blocks = max((len(b) for b in tables), default=1) or 1
+    padded = [list(b) + [0] * (max_blocks - len(b)) for b in tables]  # padded with the null block 0
+    block_tables = torch.tensor(padded, dtype=torch.int64).view(len(tables), max_blocks)
     meta = AttentionMetadata(
         query_start=query_start,
         seq_lens=seq_lens,
-        slot_mapping=slot_mapping.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
         block_tables=block_tables.to(device),
         decode_rows=decode_rows,
         prefill_rows=prefill_rows,
     )
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-        positions=positions.to(device),
+        positions=torch.tensor(positions, dtype=torch.int64, device=device),
         attention=meta,
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         sampling_requests=sampling,
