@@ -21,10 +21,9 @@ whose partial softmax results are merged (flash-decoding), so one request uses e
 torch's intra-op pool (``torch.set_num_threads``). A request with ``seq_lens[b] == 0`` gets zeros.
 Block ids and lengths are bounds-checked (RuntimeError), so a bad table cannot read outside the pools.
 
-The op is bound by how fast a core streams the pools. In a single-thread micro-benchmark, pools on
-4 KiB pages streamed ~25% slower than on transparent huge pages (at 2 threads on a loaded machine
-no difference was measurable); ``THP_MEM_ALLOC_ENABLE=1`` in the environment before torch
-allocates the pools puts them on huge pages.
+The op is bound by how fast the pools stream from memory; the engine's pools are on transparent
+huge pages (``runner/kv_cache.py``, ``host_memory.py``). Measured on a 2-core Xeon VM, 28 layers'
+pools of a 2048-token context (235 MB, bf16): 15-16 ms from memory, 9.6 ms when they sit in cache.
 """
 
 from __future__ import annotations

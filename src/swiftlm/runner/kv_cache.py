@@ -10,8 +10,8 @@ from swiftlm.config import CacheConfig, ModelConfig
 from swiftlm.host_memory import huge_page_tensors
 
 # Without an explicit kv_cache_memory the pool takes at most this much (about 18k tokens of
-# Qwen3-0.6B in bf16): zeroing it is part of the start-up time, and a small model on a CPU
-# serves far fewer tokens at once.
+# Qwen3-0.6B in bf16): a small model on a CPU serves far fewer tokens at once. (On CPU the pools
+# are fresh anonymous memory, zero as mapped: pages are faulted in as blocks are first used.)
 DEFAULT_MAX_KV_BYTES = 2 * 1024**3
 
 
