@@ -37,21 +37,29 @@ class EnginePoint:
     bound_fraction: float
 
 
+def _memory_key(t: torch.Tensor) -> tuple[int, int]:
+    """Where a tensor's bytes are: views of one memory count once (oneDNN's packed weights have
+    no storage to point at, and are never shared)."""
+    nbytes = t.numel() * t.element_size()
+    try:
+        return t.data_ptr(), nbytes
+    except RuntimeError:
+        return id(t), nbytes
+
+
 def streamed_weight_bytes(engine: Engine) -> int:
     """Bytes a decode step reads: every weight once (quantised buffers included) except the
-    embedding table, of which a step gathers a few rows; tied, it is read whole as the lm_head."""
+    embedding table, of which a step gathers a few rows, unless the lm_head reads that same
+    memory (tied, unpacked)."""
     model = engine.model
-    seen: set[int] = set()
-    total = 0
     tensors = [t for _, t in model.named_parameters()]
     tensors += [t for name, t in model.named_buffers() if "rotary" not in name]
-    for t in tensors:
-        if id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-    if not model.config.tie_word_embeddings:
-        embed = model.model.embed_tokens.weight
-        total -= embed.numel() * embed.element_size()
+    sizes = dict(_memory_key(t) for t in tensors)  # memory -> bytes, each memory once
+    embed = _memory_key(model.model.embed_tokens.weight)
+    head = {_memory_key(t) for t in (*model.lm_head.parameters(), *model.lm_head.buffers())}
+    total = sum(sizes.values())
+    if embed not in head:
+        total -= embed[1]
     return total
 
 
