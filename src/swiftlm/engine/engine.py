@@ -72,7 +72,9 @@ class EngineStats:
 def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
     """The engine's transformations of a loaded model: fused projections, weight-only
     quantisation when asked, then on CPU the bf16 GEMV kernel for decode (AVX512-BF16) and/or
-    oneDNN-packed weights (see ``EngineConfig.cpu_prepack``). Returns how many linears changed."""
+    oneDNN-packed weights (see ``EngineConfig.cpu_prepack``), and last the streamed weights moved
+    into one huge-page buffer in reading order (``model.weight_arena``). Returns how many linears
+    changed."""
     fuse_projections(model)
     if config.quantization is not None:
         from swiftlm.model.quant import quantize
