@@ -38,4 +38,3 @@ def resolve_dtype(name: str, device: str) -> str:
         chosen = "bfloat16" if cpu_has_bf16() else "float32"
     logger.info("dtype auto -> %s on %s", chosen, device)
     return chosen
-

@@ -209,6 +209,12 @@ class ABConfig:
         if (self.num_requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of num_requests and duration_s")
 
+    def stream_for(self, side: str) -> bool:
+        return self.side_stream.get(side, self.stream)
+
+    def extra_body_for(self, side: str) -> dict[str, Any]:
+        return {**self.extra_body, **self.side_extra_body.get(side, {})}
+
 
 class _Servers:
     """The base URL of each side, starting `swiftlm serve` children as needed."""
@@ -269,10 +275,10 @@ def run_ab(
                         concurrency=config.concurrency,
                         num_requests=config.num_requests,
                         duration_s=config.duration_s,
-                        stream=config.side_stream.get(target.label, config.stream),
+                        stream=config.stream_for(target.label),
                         timeout_s=config.timeout_s,
                         api_key=config.api_key,
-                        extra_body={**config.extra_body, **config.side_extra_body.get(target.label, {})},
+                        extra_body=config.extra_body_for(target.label),
                         show_progress=config.show_progress,
                     )
                     side = target.label

@@ -227,8 +227,8 @@ def ab_command(args: argparse.Namespace) -> int:
         "requests": f"{config.num_requests} per round"
         if config.num_requests
         else f"{args.duration:g} s per round",
-        "stream": {side: config.side_stream.get(side, config.stream) for side in ("A", "B")},
-        "extra_body": {side: {**config.extra_body, **config.side_extra_body.get(side, {})} for side in ("A", "B")},
+        "stream": {side: config.stream_for(side) for side in ("A", "B")},
+        "extra_body": {side: config.extra_body_for(side) for side in ("A", "B")},
         "seed": args.seed,
         "token_counter": counter_name,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),

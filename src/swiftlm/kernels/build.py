@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from swiftlm.platform import cpu_flags
+from swiftlm.threads import all_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +65,16 @@ def load_cpu_op_library(
     build_dir.mkdir(parents=True, exist_ok=True)
     logger.info("compiling %s into %s (about a minute, once)", source.name, build_dir)
     start = time.perf_counter()
-    cpp_extension.load(
-        name=ext_name,
-        sources=[str(source)],
-        extra_cflags=list(cflags),
-        extra_ldflags=list(ldflags),
-        build_directory=str(build_dir),
-        is_python_module=False,
-        verbose=False,
-    )
+    with all_cpus():  # the compiler processes on every CPU, not the core OpenMP bound this thread to
+        cpp_extension.load(
+            name=ext_name,
+            sources=[str(source)],
+            extra_cflags=list(cflags),
+            extra_ldflags=list(ldflags),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
     (build_dir / _DONE).write_text(f"{time.perf_counter() - start:.1f} s\n")
     logger.info("compiled %s in %.1f s", source.name, time.perf_counter() - start)
     return library

@@ -3,7 +3,7 @@
 Up to ``GEMV_MAX_ROWS`` rows (decode of up to 6 sequences) go through the kernel, which streams
 the weight in nn.Linear's own layout; more rows (prefill chunks, larger decode batches) go to a
 dense matmul: oneDNN's prepacked one when the layer holds a packed copy (``packed=True``: twice
-the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at 4-64 rows), else
+the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at 7-64 rows), else
 ``F.linear`` on the same weight. See ``kernels/bf16_linear_cpu.cpp`` for the measurements.
 """
 

@@ -64,22 +64,17 @@ def place_weights_in_arena(model: Qwen3ForCausalLM) -> int:
     if not slots:
         return 0
     arena = huge_page_buffer(total)
-    views: dict[tuple, torch.Tensor] = {}
-    for key, offset in offsets.items():
-        _, dtype, shape = key
-        nbytes = torch.Size(shape).numel() * dtype.itemsize
-        views[key] = arena[offset : offset + nbytes].view(dtype).view(shape)
+    views: dict[tuple, torch.Tensor] = {}  # memory -> its copy in the arena, made at first sight
     params: dict[tuple, nn.Parameter] = {}
-    copied: set[tuple] = set()
     with torch.no_grad():
         for module, name, is_param, t in slots:
             key = _key(t)
-            view = views[key]
-            if key not in copied:
-                view.copy_(t)
-                copied.add(key)
+            if key not in views:
+                nbytes = t.numel() * t.element_size()
+                views[key] = arena[offsets[key] : offsets[key] + nbytes].view(t.dtype).view(t.shape)
+                views[key].copy_(t)
             if is_param:
-                module._parameters[name] = params.setdefault(key, nn.Parameter(view, requires_grad=False))
+                module._parameters[name] = params.setdefault(key, nn.Parameter(views[key], requires_grad=False))
             else:
-                module._buffers[name] = view
+                module._buffers[name] = views[key]
     return total
