@@ -15,7 +15,7 @@ from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.request import FinishReason, Request
 from swiftlm.engine.sampler import SamplingRow
 from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
-from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears, use_fused_ops
+from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears, use_decode_layers, use_fused_ops
 from swiftlm.model.loader import load_model, resolve_model_dir
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
 from swiftlm.model.weight_arena import place_weights_in_arena
@@ -101,6 +101,11 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
         extra = config.cpu_prepack is True and packing
         count = use_gemv(model, gemv, packed=extra)
         logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if extra else "")
+        from swiftlm.kernels.decode_cpu import load_decode_layers
+
+        decode_op = load_decode_layers()
+        if decode_op is not None:
+            use_decode_layers(model, decode_op)
     if packing:
         count += pack_linears(model)  # the linears the kernel did not take
     if cpu:

@@ -9,6 +9,7 @@ up to float rounding (tests compare greedy tokens in float32).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -79,3 +80,10 @@ def use_fused_ops(model: Qwen3ForCausalLM, ops: FusedOps) -> None:
     """Run the layers' norms, rotary and SiLU-multiply as the fused ops ``ops`` from now on."""
     model.model.fused_ops = ops
     model.model.fused_plan = None  # rebuilt from the modules present at the next forward
+
+
+def use_decode_layers(model: Qwen3ForCausalLM, op: Callable[..., torch.Tensor]) -> None:
+    """Run small decode-only steps through ``op`` (``kernels/decode_cpu.py``) when the model's
+    layers allow it (``DecodeLayers.supports``, checked with the fused plan at the next forward)."""
+    model.model.decode_op = op
+    model.model.fused_plan = None

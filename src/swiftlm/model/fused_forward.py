@@ -6,7 +6,9 @@ stream is updated in place and every layer hands the next its normed input), q/k
 are one op, SiLU-and-multiply one op, and every layer's tensors and linear ``forward`` methods are
 looked up once into a ``LayerPlan`` instead of through ~20 module attribute accesses a layer. The
 plan is built at the first forward after ``use_fused_ops`` and names the modules present then:
-transformations that replace modules (``engine.prepare_model``) run before it.
+transformations that replace modules (``engine.prepare_model``) run before it. Decode-only steps of
+up to ``DecodeLayers.max_rows`` rows run this loop in C++ when ``model.decode_layers`` is set
+(``model/decode_layers.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def fused_forward(
     residual = model.embed_tokens(input_ids)  # [T, hidden], a fresh tensor: updated in place below
     first = model.layers[0].input_layernorm
     h = ops.rms_norm(residual, first.weight, first.eps)
+    step = getattr(attention, "decode_only", None)  # runner.attention.DecodeOnlyStep of a decode-only step
+    if step is not None and model.decode_layers is not None and h.shape[0] <= model.decode_layers.max_rows:
+        return model.decode_layers(residual, h, positions, step)  # the same loop, in C++
     cos, sin = model.rotary.cos_cached, model.rotary.sin_cached  # [max_positions, Dh] float32
     t = h.shape[0]
     for p in plan:

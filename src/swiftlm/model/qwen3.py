@@ -9,6 +9,7 @@ names equal the Hugging Face checkpoint names, so a checkpoint loads without ren
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -20,6 +21,7 @@ from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 
 if TYPE_CHECKING:
     from swiftlm.kernels.fused_cpu import FusedOps
+    from swiftlm.model.decode_layers import DecodeLayers
 
 
 class Attention(Protocol):
@@ -93,11 +95,17 @@ class Qwen3Model(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.fused_ops: FusedOps | None = None  # set by model.fuse.use_fused_ops (CPU)
         self.fused_plan: list[LayerPlan] | None = None  # built at the first fused forward
+        self.decode_op: Callable[..., torch.Tensor] | None = None  # set by model.fuse.use_decode_layers (CPU)
+        self.decode_layers: DecodeLayers | None = None  # built with the fused plan when decode_op is set
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         if self.fused_ops is not None:
             if self.fused_plan is None:
                 self.fused_plan = build_plan(self)
+                if self.decode_op is not None:
+                    from swiftlm.model.decode_layers import DecodeLayers
+
+                    self.decode_layers = DecodeLayers(self, self.decode_op) if DecodeLayers.supports(self) else None
             return fused_forward(self, self.fused_plan, self.fused_ops, input_ids, positions, attention)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.table(positions, x.dtype)

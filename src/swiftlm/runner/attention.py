@@ -111,30 +111,55 @@ class PagedAttention:
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
 
-    def bind(self, meta: AttentionMetadata) -> AttentionFn:
+    def bind(self, meta: AttentionMetadata) -> BoundPagedAttention:
+        decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel) if meta.decode_rows else None
+        return BoundPagedAttention(self.kv_cache, meta, decode)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOnlyStep:
+    """A step of decode rows alone, in order, through the decode kernel: what an op that runs whole
+    layers needs to store K/V and attend exactly as ``BoundPagedAttention`` would."""
+
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [T, max_blocks] int64
+    seq_lens: torch.Tensor  # [T] int64
+    k_pools: list[torch.Tensor]  # per layer [num_blocks, block_size, Hkv, D]
+    v_pools: list[torch.Tensor]
+
+
+class BoundPagedAttention:
+    """``PagedAttention`` bound to one step: the ``Attention`` callable of the model's forward."""
+
+    __slots__ = ("kv_cache", "meta", "decode", "decode_only")
+
+    def __init__(self, kv_cache: KVCache, meta: AttentionMetadata, decode: _DecodeBatch | None) -> None:
+        self.kv_cache, self.meta, self.decode = kv_cache, meta, decode
+        self.decode_only: DecodeOnlyStep | None = None
+        if decode is not None and decode.whole_batch and decode.kernel is not None:
+            k_pools, v_pools = kv_cache.pools()
+            self.decode_only = DecodeOnlyStep(meta.slot_mapping, decode.block_tables, decode.seq_lens, k_pools, v_pools)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta, decode = self.meta, self.decode
+        k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
+        n_kv, d = k_pool.shape[2], k_pool.shape[3]
+        k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
+        v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
+        if decode is not None and decode.whole_batch:  # decode-only step: no gather or scatter
+            return decode.attend(q, k_pool, v_pool)
         bs = self.kv_cache.block_size
-        decode = _DecodeBatch.build(meta, bs, self.decode_kernel) if meta.decode_rows else None
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
-            n_kv, d = k_pool.shape[2], k_pool.shape[3]
-            k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
-            v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
-            if decode is not None and decode.whole_batch:  # decode-only step: no gather or scatter
-                return decode.attend(q, k_pool, v_pool)
-            out = torch.empty_like(q)
-            for r in meta.prefill_rows:
-                lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
-                n_blocks = (seq_len + bs - 1) // bs
-                blocks = meta.block_tables[r, :n_blocks]
-                k_ctx = k_pool[blocks].view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]
-                v_ctx = v_pool[blocks].view(-1, n_kv, d)[:seq_len]
-                out[lo:hi] = causal_attention(q[lo:hi], k_ctx, v_ctx)
-            if decode is not None:
-                out[decode.rows] = decode.attend(q[decode.rows], k_pool, v_pool)
-            return out
-
-        return attend
+        out = torch.empty_like(q)
+        for r in meta.prefill_rows:
+            lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
+            n_blocks = (seq_len + bs - 1) // bs
+            blocks = meta.block_tables[r, :n_blocks]
+            k_ctx = k_pool[blocks].view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]
+            v_ctx = v_pool[blocks].view(-1, n_kv, d)[:seq_len]
+            out[lo:hi] = causal_attention(q[lo:hi], k_ctx, v_ctx)
+        if decode is not None:
+            out[decode.rows] = decode.attend(q[decode.rows], k_pool, v_pool)
+        return out
 
 
 @dataclass(slots=True)

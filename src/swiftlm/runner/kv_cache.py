@@ -74,6 +74,10 @@ class KVCache:
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._k[layer], self._v[layer]
 
+    def pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's K pools and V pools (the tensors themselves, not copies)."""
+        return list(self._k), list(self._v)
+
     def copy_block(self, src: int, dst: int) -> None:
         for k, v in zip(self._k, self._v, strict=True):
             k[dst].copy_(k[src])
