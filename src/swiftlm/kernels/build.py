@@ -1,7 +1,8 @@
 """Compile a C++ source kept in this package into a torch op library, once per source and machine.
 
-The build directory is named by a digest of the source, the compiler flags, the torch version and
-the CPU's feature flags (``-march=native`` code must not move to another CPU), so an unchanged
+The build directory is named by a digest of the source and the headers next to it that it
+includes, the compiler flags, the torch version and the CPU's feature flags (``-march=native``
+code must not move to another CPU), so an unchanged
 kernel loads straight from the cache and a changed one gets a fresh build. Concurrent first builds
 are serialised by torch's lock file in the build directory.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +38,12 @@ def cache_dir() -> Path:
     return Path(base) / "swiftlm" / "kernels"
 
 
+def local_includes(source: Path) -> list[Path]:
+    """The headers next to ``source`` that it includes with ``#include "name"`` (one level)."""
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source.read_text(), flags=re.MULTILINE)
+    return [source.parent / name for name in names]
+
+
 def load_cpu_op_library(
     name: str, source: Path, cflags: Sequence[str] = CPU_CFLAGS, ldflags: Sequence[str] = CPU_LDFLAGS
 ) -> Path:
@@ -46,6 +54,7 @@ def load_cpu_op_library(
     key = hashlib.sha256()
     for part in (
         source.read_bytes(),
+        *(header.read_bytes() for header in local_includes(source)),
         " ".join(cflags).encode(),
         " ".join(ldflags).encode(),
         torch.__version__.encode(),

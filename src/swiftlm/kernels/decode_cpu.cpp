@@ -1,7 +1,8 @@
 // Every decoder layer of a bf16 decode step in one call (op torch.ops.swiftlm_decode.decode_layers).
 //
-// The same sequence of ops as model/fused_forward.py runs from Python, in the same order and on the
-// same kernels, so the results are bit for bit the same:
+// The same sequence of steps as model/fused_forward.py runs from Python, in the same order and with
+// the same code (bf16_gemv.h, fused_rows.h, the paged attention op), so the results are bit for bit
+// the same:
 //
 //   for each layer:  qkv = gemv(h, W_qkv);  q, k = qk_norm_rope(qkv)
 //                    k, v -> the layer's KV pools at slot_mapping
@@ -10,63 +11,52 @@
 //                    h = add_rms_norm_(residual, gemv(silu_mul(gemv(h, W_gate_up)), W_down))
 //
 // Why: a decode step streams ~1.2 GB of weights through the caches, which evicts everything else
-// on the way, including the Python interpreter's own working set. Every Python-level op between
-// two weight reads then starts cold: measured on a 2-core Xeon VM, a residual add + RMSNorm takes
-// 3-4 us on its own and 30-40 us right after a GEMV (the same after any large read, and with one
-// thread), ~7 ms per token over the ~200 such ops of the 28 layers. From C++ the ops between the
-// GEMVs touch only their own small data and a few dispatcher entries.
-//
-// The kernels are the other libraries' ops (swiftlm_bf16, swiftlm_fused, swiftlm_attention),
-// called through the dispatcher; they must be loaded first (kernels/decode_cpu.py does that).
+// on the way, including the Python interpreter's own working set and torch's dispatcher and
+// allocator state. Every op between two weight reads then starts cold: measured on a 2-core Xeon
+// VM, a residual add + RMSNorm takes 3-4 us on its own and 30-40 us right after a GEMV from Python
+// (the same after any large read, and with one thread), 18 us through the dispatcher from C++, and
+// 6 us as the direct call below. Here the steps between the GEMVs are plain function calls into
+// buffers allocated once per step; only the attention goes through the dispatcher.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
-#include <tuple>
+#include <vector>
+
+#include "bf16_gemv.h"
+#include "fused_rows.h"
 
 namespace {
 
 using at::Tensor;
 
-struct Ops {
-  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)> gemv;
-  c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                                      const Tensor&, const Tensor&, int64_t, int64_t, double)>
-      qk_norm_rope;
-  c10::TypedOperatorHandle<Tensor(Tensor&, const Tensor&, const Tensor&, double)> add_rms_norm_;
-  c10::TypedOperatorHandle<Tensor(const Tensor&)> silu_mul;
-  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)>
-      attention;
-};
+using bf16 = c10::BFloat16;
 
-const Ops& ops() {  // looked up at the first call, when the other libraries are loaded
-  static const Ops o = [] {
-    auto& d = c10::Dispatcher::singleton();
-    return Ops{
-        d.findSchemaOrThrow("swiftlm_bf16::gemv", "").typed<Tensor(const Tensor&, const Tensor&)>(),
-        d.findSchemaOrThrow("swiftlm_fused::qk_norm_rope", "")
-            .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                              const Tensor&, const Tensor&, int64_t, int64_t, double)>(),
-        d.findSchemaOrThrow("swiftlm_fused::add_rms_norm_", "").typed<Tensor(Tensor&, const Tensor&, const Tensor&, double)>(),
-        d.findSchemaOrThrow("swiftlm_fused::silu_mul", "").typed<Tensor(const Tensor&)>(),
-        d.findSchemaOrThrow("swiftlm_attention::paged_decode_attention", "")
-            .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)>(),
-    };
-  }();
-  return o;
+using AttentionOp =
+    c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)>;
+
+const AttentionOp& attention_op() {  // looked up at the first call, when its library is loaded
+  static const AttentionOp op = c10::Dispatcher::singleton()
+                                    .findSchemaOrThrow("swiftlm_attention::paged_decode_attention", "")
+                                    .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                  const Tensor&, double)>();
+  return op;
+}
+
+// y [t, n] = x [t, k] . w [n, k]^T, all bf16
+inline void gemv(const bf16* x, int64_t t, const Tensor& w, bf16* y) {
+  swiftlm_gemv::gemv_into(reinterpret_cast<const uint16_t*>(x), t, w.size(1),
+                          reinterpret_cast<const uint16_t*>(w.const_data_ptr()), w.size(0),
+                          reinterpret_cast<uint16_t*>(y));
 }
 
 constexpr int64_t kPerLayer = 8;  // weights: qkv, q_norm, k_norm, o, post_norm, gate_up, down, next_norm
 constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next norm
-
-// rows[i] (width bytes each, row stride ld bytes) -> pool row slot[i] (pool: [num_slots, width])
-void write_rows(const char* rows, int64_t ld, int64_t t, const int64_t* slot, const Tensor& pool, int64_t width) {
-  char* base = static_cast<char*>(pool.data_ptr());
-  for (int64_t i = 0; i < t; ++i) std::memcpy(base + slot[i] * width, rows + i * ld, width);
-}
 
 Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positions, const Tensor& slot_mapping,
                      const Tensor& block_tables, const Tensor& seq_lens, at::TensorList weights,
@@ -84,35 +74,99 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == t,
               "swiftlm_decode.decode_layers: slot_mapping must be int64 [T]");
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  const auto& o = ops();
-  Tensor h = h_in;
+  TORCH_CHECK(h_in.scalar_type() == at::kBFloat16 && residual.scalar_type() == at::kBFloat16 && h_in.is_contiguous(),
+              "swiftlm_decode.decode_layers: bf16 activations expected");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == t,
+              "swiftlm_decode.decode_layers: positions must be int64 [T]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.dim() == 2 && sin.sizes() == cos.sizes(),
+              "swiftlm_decode.decode_layers: cos and sin must be float32 [P, Dh]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "swiftlm_decode.decode_layers: position ", pos[i], " outside [0, ",
+                cos.size(0), ")");
+  const int64_t hidden = h_in.size(1);
+  // shapes, checked once for every layer
+  const int64_t d = weights[1].numel(), qkv_n = (n_heads + 2 * n_kv_heads) * d, kv_width = n_kv_heads * d;
+  const int64_t gate_up_n = weights[5].size(0), inter = gate_up_n / 2;
+  TORCH_CHECK(cos.size(1) == d && d % 2 == 0, "swiftlm_decode.decode_layers: rope tables must be [P, head_dim]");
+  for (int64_t l = 0; l < layers; ++l) {
+    const Tensor* w = weights.data() + kPerLayer * l;
+    const bool shapes_ok = w[0].dim() == 2 && w[0].size(0) == qkv_n && w[0].size(1) == hidden && w[1].numel() == d &&
+                           w[2].numel() == d && w[3].dim() == 2 && w[3].size(0) == hidden &&
+                           w[3].size(1) == n_heads * d && w[4].numel() == hidden && w[5].dim() == 2 &&
+                           w[5].size(0) == gate_up_n && w[5].size(1) == hidden && w[6].dim() == 2 &&
+                           w[6].size(0) == hidden && w[6].size(1) == inter && w[7].numel() == hidden;
+    TORCH_CHECK(shapes_ok, "swiftlm_decode.decode_layers: layer ", l, " has weights of unexpected shapes");
+    for (int64_t i = 0; i < kPerLayer; ++i)
+      TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
+                  "swiftlm_decode.decode_layers: weights must be contiguous bf16");
+    TORCH_CHECK(hidden % swiftlm_gemv::KB == 0 && (n_heads * d) % swiftlm_gemv::KB == 0 && inter % swiftlm_gemv::KB == 0,
+                "swiftlm_decode.decode_layers: GEMV inputs must be multiples of 32 wide");
+    const Tensor& k_pool = k_pools[l];
+    const Tensor& v_pool = v_pools[l];
+    TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
+                    k_pool.size(2) * k_pool.size(3) == kv_width && v_pool.sizes() == k_pool.sizes() &&
+                    k_pool.scalar_type() == at::kBFloat16 && v_pool.scalar_type() == at::kBFloat16,
+                "swiftlm_decode.decode_layers: pools must be contiguous bf16 [N, bs, Hkv, D]");
+    const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
+    for (int64_t i = 0; i < t; ++i)
+      TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "swiftlm_decode.decode_layers: slot ", slot[i],
+                  " outside the pool of ", num_slots);
+  }
+
+  // the step's buffers, reused by every layer
+  const auto opts = h_in.options();
+  Tensor qkv = at::empty({t, qkv_n}, opts), q = at::empty({t, n_heads, d}, opts), k = at::empty({t, n_kv_heads, d}, opts);
+  Tensor o_out = at::empty({t, hidden}, opts), gate_up = at::empty({t, gate_up_n}, opts), act = at::empty({t, inter}, opts);
+  Tensor h = at::empty({t, hidden}, opts);
+  std::vector<bf16> norm_scratch(d);
+  std::vector<float> silu_scratch(2 * inter);
+  bf16* res = residual.data_ptr<bf16>();
+  bf16* hp = h.data_ptr<bf16>();
+  bf16* qkv_p = qkv.data_ptr<bf16>();
+  bf16* qp = q.data_ptr<bf16>();
+  bf16* kp = k.data_ptr<bf16>();
+  bf16* o_p = o_out.data_ptr<bf16>();
+  bf16* gu_p = gate_up.data_ptr<bf16>();
+  bf16* act_p = act.data_ptr<bf16>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  std::memcpy(hp, h_in.const_data_ptr(), t * hidden * sizeof(bf16));
+  const int64_t row_bytes = kv_width * static_cast<int64_t>(sizeof(bf16));
+  const auto& attention = attention_op();
+
   for (int64_t l = 0; l < layers; ++l) {
     const Tensor* w = weights.data() + kPerLayer * l;
     const double* e = eps.data() + kEpsPerLayer * l;
     const Tensor& k_pool = k_pools[l];
     const Tensor& v_pool = v_pools[l];
-    const int64_t d = w[1].numel();                      // head_dim
-    const int64_t kv_width = n_kv_heads * d;             // values per token in one pool
-    TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
-                    k_pool.size(2) * k_pool.size(3) == kv_width && v_pool.sizes() == k_pool.sizes() &&
-                    k_pool.scalar_type() == h.scalar_type() && v_pool.scalar_type() == h.scalar_type(),
-                "swiftlm_decode.decode_layers: pools must be contiguous [N, bs, Hkv, D] of the activations' dtype");
-    const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
+    gemv(hp, t, w[0], qkv_p);  // [T, (Hq + 2 Hk) * D]
     for (int64_t i = 0; i < t; ++i)
-      TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "swiftlm_decode.decode_layers: slot ", slot[i],
-                  " outside the pool of ", num_slots);
-
-    const Tensor qkv = o.gemv.call(h, w[0]);  // [T, (Hq + 2 Hk) * D]
-    auto [q, k] = o.qk_norm_rope.call(qkv, w[1], w[2], cos, sin, positions, n_heads, n_kv_heads, e[0]);
-    const int64_t esize = qkv.element_size();
-    // k: [T, Hk, D] fresh and contiguous; v: the last Hk * D columns of each qkv row
-    write_rows(static_cast<const char*>(k.data_ptr()), kv_width * esize, t, slot, k_pool, kv_width * esize);
-    write_rows(static_cast<const char*>(qkv.data_ptr()) + (n_heads + n_kv_heads) * d * esize, qkv.stride(0) * esize,
-               t, slot, v_pool, kv_width * esize);
-    const Tensor a = o.attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale);  // [T, Hq, D]
-    h = o.add_rms_norm_.call(residual, o.gemv.call(a.reshape({t, n_heads * d}), w[3]), w[4], e[1]);
-    const Tensor m = o.gemv.call(o.silu_mul.call(o.gemv.call(h, w[5])), w[6]);
-    h = o.add_rms_norm_.call(residual, m, w[7], e[2]);
+      swiftlm_rows::qk_norm_rope_row(qkv_p + i * qkv_n, w[1].const_data_ptr<bf16>(), w[2].const_data_ptr<bf16>(),
+                                     cp + pos[i] * d, sp + pos[i] * d, n_heads, n_kv_heads, d,
+                                     static_cast<float>(e[0]), qp + i * n_heads * d, kp + i * kv_width,
+                                     norm_scratch.data());
+    // k rows, and v: the last Hk * D columns of each qkv row, into the pools
+    char* kbase = static_cast<char*>(k_pool.data_ptr());
+    char* vbase = static_cast<char*>(v_pool.data_ptr());
+    for (int64_t i = 0; i < t; ++i) {
+      std::memcpy(kbase + slot[i] * row_bytes, kp + i * kv_width, row_bytes);
+      std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
+    }
+    const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale);  // [T, Hq, D]
+    gemv(a.const_data_ptr<bf16>(), t, w[3], o_p);
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::add_norm_row(res + i * hidden, o_p + i * hidden, w[4].const_data_ptr<bf16>(), hidden,
+                                 static_cast<float>(e[1]), hp + i * hidden);
+    gemv(hp, t, w[5], gu_p);
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::silu_mul_row(gu_p + i * gate_up_n, inter, act_p + i * inter, silu_scratch.data(),
+                                 silu_scratch.data() + inter);
+    gemv(act_p, t, w[6], o_p);
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::add_norm_row(res + i * hidden, o_p + i * hidden, w[7].const_data_ptr<bf16>(), hidden,
+                                 static_cast<float>(e[2]), hp + i * hidden);
   }
   return h;
 }

@@ -16,7 +16,7 @@ import torch
 
 from swiftlm.kernels.attention_cpu import load_paged_attention
 from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
-from swiftlm.kernels.build import try_load_cpu_op_library
+from swiftlm.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
 from swiftlm.kernels.fused_cpu import load_fused_ops
 
 SOURCE = Path(__file__).with_name("decode_cpu.cpp")
@@ -27,6 +27,7 @@ def load_decode_layers() -> Callable[..., torch.Tensor] | None:
     """The compiled op (built on first use, then cached on disk), or None when unavailable."""
     if load_bf16_gemv() is None or load_fused_ops() is None or load_paged_attention() is None:
         return None
-    if not try_load_cpu_op_library("swiftlm_decode", SOURCE, "decode layers op"):
+    # the flags of the fused ops, whose row code (fused_rows.h) it shares: no contracted multiply-adds
+    if not try_load_cpu_op_library("swiftlm_decode", SOURCE, "decode layers op", cflags=(*CPU_CFLAGS, "-ffp-contract=off")):
         return None
     return torch.ops.swiftlm_decode.decode_layers.default

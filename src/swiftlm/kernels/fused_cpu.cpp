@@ -22,6 +22,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "fused_rows.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,23 +33,10 @@
 namespace {
 
 using at::BFloat16;
+using namespace swiftlm_rows;
 
-template <typename T>
-inline float rd(float v) { return static_cast<float>(static_cast<T>(v)); }  // round to T and back
 
 inline int64_t grain_for(int64_t row_elements) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elements)); }
-
-// One row: out = w * dtype(x * rsqrt(mean(x^2) + eps)), written as T.
-template <typename T>
-inline void norm_row(const T* x, const T* w, int64_t d, float eps, T* out) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < d; ++i) {
-    float v = static_cast<float>(x[i]);
-    ss += v * v;
-  }
-  const float r = 1.f / std::sqrt(ss / static_cast<float>(d) + eps);
-  for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(static_cast<float>(w[i]) * rd<T>(static_cast<float>(x[i]) * r));
-}
 
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
@@ -90,10 +79,7 @@ at::Tensor add_rms_norm_(at::Tensor& residual, const at::Tensor& delta_in, const
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain_for(d), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        scalar_t* row = rp + r * d;
-        const scalar_t* drow = dp + r * d;
-        for (int64_t i = 0; i < d; ++i) row[i] = static_cast<scalar_t>(static_cast<float>(row[i]) + static_cast<float>(drow[i]));
-        norm_row(row, wp, d, static_cast<float>(eps), op + r * d);
+        add_norm_row(rp + r * d, dp + r * d, wp, d, static_cast<float>(eps), op + r * d);
       }
     });
   });
@@ -122,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& qkv, const at:
     TORCH_CHECK(pos[i] >= 0 && pos[i] < max_pos, "swiftlm_fused.qk_norm_rope: position ", pos[i], " outside [0, ", max_pos, ")");
   at::Tensor q = at::empty({t, hq, dh}, qkv.options());
   at::Tensor k = at::empty({t, hk, dh}, qkv.options());
-  const int64_t ld = qkv.stride(0), half = dh / 2;
+  const int64_t ld = qkv.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "qk_norm_rope", [&] {
     const scalar_t* src = qkv.data_ptr<scalar_t>();
     scalar_t* qp = q.data_ptr<scalar_t>();
@@ -131,23 +117,10 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& qkv, const at:
     const float* sp = sin.data_ptr<float>();
     at::parallel_for(0, t, grain_for((hq + hk) * dh), [&](int64_t t0, int64_t t1) {
       std::vector<scalar_t> n(dh);
-      for (int64_t i = t0; i < t1; ++i) {
-        const float* c = cp + pos[i] * dh;
-        const float* s = sp + pos[i] * dh;
-        for (int64_t h = 0; h < hq + hk; ++h) {
-          const bool is_q = h < hq;
-          const scalar_t* head = src + i * ld + h * dh;
-          scalar_t* out = is_q ? qp + (i * hq + h) * dh : kp + (i * hk + (h - hq)) * dh;
-          norm_row(head, (is_q ? q_w : k_w).data_ptr<scalar_t>(), dh, static_cast<float>(eps), n.data());
-          for (int64_t j = 0; j < dh; ++j) {
-            const float v = static_cast<float>(n[j]);
-            const float rot = j < half ? -static_cast<float>(n[j + half]) : static_cast<float>(n[j - half]);
-            const float a = rd<scalar_t>(v * rd<scalar_t>(c[j]));
-            const float b = rd<scalar_t>(rot * rd<scalar_t>(s[j]));
-            out[j] = static_cast<scalar_t>(a + b);
-          }
-        }
-      }
+      for (int64_t i = t0; i < t1; ++i)
+        qk_norm_rope_row(src + i * ld, q_w.data_ptr<scalar_t>(), k_w.data_ptr<scalar_t>(), cp + pos[i] * dh,
+                         sp + pos[i] * dh, hq, hk, dh, static_cast<float>(eps), qp + i * hq * dh, kp + i * hk * dh,
+                         n.data());
     });
   });
   return {q, k};
@@ -165,16 +138,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
     const scalar_t* gp = gu.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain_for(w2), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t* g = gp + r * w2;
-        const scalar_t* u = g + inter;
-        scalar_t* o = op + r * inter;
-        for (int64_t j = 0; j < inter; ++j) {
-          const float x = static_cast<float>(g[j]);
-          const float silu = rd<scalar_t>(x / (1.f + std::exp(-x)));
-          o[j] = static_cast<scalar_t>(silu * static_cast<float>(u[j]));
-        }
-      }
+      std::vector<float> g(inter), silu(inter);
+      for (int64_t r = r0; r < r1; ++r) silu_mul_row(gp + r * w2, inter, op + r * inter, g.data(), silu.data());
     });
   });
   return out;

@@ -235,9 +235,22 @@ struct Ops<bf16> {
 };
 
 // acc[g][c .. c + 16 NV) = alpha[g] * acc[g][..] + sum_i p[g][i] * V_i[c ..], over the n valid tokens.
+// The K and V rows of the next tile that a P.V pass pulls into cache as it goes, one token row per
+// token it accumulates. Issued in one burst at the start of a step instead, the same prefetches
+// were 2-4% slower at 2048 tokens (interleaved A/B, 28 layers on huge pages).
+struct Prefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  const int64_t* ok = nullptr;
+  const int64_t* ov = nullptr;
+  int n = 0;
+  int64_t row_bytes = 0;
+  int64_t esize = 0;
+};
+
 template <typename T, int G, int NV>
 inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, const T* base,
-                     const int64_t* off, int n, int64_t c) {
+                     const int64_t* off, int n, int64_t c, const Prefetch& pf) {
   __m512 a[G][NV];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) {
@@ -246,6 +259,11 @@ inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, 
     for (int j = 0; j < NV; ++j) a[g][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * d + c + 16 * j), sc);
   }
   for (int i = 0; i < n; ++i) {
+    if (i < pf.n)
+      for (int64_t x = 0; x < pf.row_bytes; x += 64) {
+        _mm_prefetch(pf.k + pf.ok[i] * pf.esize + x, _MM_HINT_T0);
+        _mm_prefetch(pf.v + pf.ov[i] * pf.esize + x, _MM_HINT_T0);
+      }
     __m512 v[NV];
     Ops<T>::template load_v<NV>(base + off[i] + c, v);
 #pragma GCC unroll 8
@@ -263,15 +281,16 @@ inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, 
 
 template <typename T, int G>
 inline void pv_tile(float* acc, int64_t d, const float* p, const float* alpha, const T* base, const int64_t* off,
-                    int n) {
+                    int n, const Prefetch& pf) {
   constexpr int NV = G <= 4 ? 4 : 2;  // accumulators in registers: G * NV <= 16
+  const Prefetch none;
   int64_t c = 0;
-  for (; c + 16 * NV <= d; c += 16 * NV) pv_chunk<T, G, NV>(acc, d, p, alpha, base, off, n, c);
+  for (; c + 16 * NV <= d; c += 16 * NV) pv_chunk<T, G, NV>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
   if (NV == 4 && c + 32 <= d) {
-    pv_chunk<T, G, 2>(acc, d, p, alpha, base, off, n, c);
+    pv_chunk<T, G, 2>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
     c += 32;
   }
-  if (c < d) pv_chunk<T, G, 1>(acc, d, p, alpha, base, off, n, c);
+  if (c < d) pv_chunk<T, G, 1>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
 }
 
 // Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d]
@@ -363,17 +382,14 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
     const int n = tile_len(ti);
     const int n_next = ti + 1 < ntiles ? tile_len(ti + 1) : 0;
     const int64_t kvh = vh / P.ratio;
+    Prefetch pf;
     if (n_next > 0) {
       TileOffsets& o = offs[(ti + 1) & 1];
       if (vh == 0) tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, o);
-      // Prefetch this head's K and V rows of the next tile: +20-30% DRAM throughput.
-      const char* kb = reinterpret_cast<const char*>(kbase + kvh * P.k_sh);
-      const char* vb = reinterpret_cast<const char*>(vbase + kvh * P.v_sh);
-      for (int i = 0; i < n_next; ++i)
-        for (int64_t x = 0; x < d * int64_t(sizeof(T)); x += 64) {
-          _mm_prefetch(kb + o.k[i] * int64_t(sizeof(T)) + x, _MM_HINT_T0);
-          _mm_prefetch(vb + o.v[i] * int64_t(sizeof(T)) + x, _MM_HINT_T0);
-        }
+      // this head's K and V rows of the next tile, prefetched during this step's P.V: +20-30% DRAM
+      // throughput over no prefetching
+      pf = Prefetch{reinterpret_cast<const char*>(kbase + kvh * P.k_sh), reinterpret_cast<const char*>(vbase + kvh * P.v_sh),
+                    o.k, o.v, n_next, d * int64_t(sizeof(T)), int64_t(sizeof(T))};
     }
     const float* sc = scores + (st & 1) * G * kTile;
     float alpha[G];
@@ -395,7 +411,7 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
       m[h] = m_new;
     }
     if (st + 1 < nsteps) qk_step(st + 1);
-    pv_tile<T, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n);
+    pv_tile<T, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
   }
 
   for (int64_t h = 0; h < nh; ++h) {
