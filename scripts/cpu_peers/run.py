@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -118,20 +119,28 @@ def render(records: list[dict], ws: list[Worker], prompts: list[int], n_weights:
 
 
 def ratios(records: list[dict], prompts: list[int]) -> list[str]:
+    """The issue's ratios per prompt length; a ratio whose engines did not run (--only) is left out."""
     def m(label: str, p: int, key: str) -> float:
         return med([r[key] for r in records if r["engine"] == label and r["prompt_len"] == p])
 
+    def best(values: list[float], pick) -> float:
+        present = [v for v in values if not math.isnan(v)]
+        return pick(present) if present else float("nan")
+
     out = []
     for p in prompts:
-        best_bf16 = max(m("llama.cpp BF16", p, "decode_tok_s"), m("llama.cpp BF16 fa", p, "decode_tok_s"))
-        best_ttft = min(m("llama.cpp BF16", p, "ttft_s"), m("llama.cpp BF16 fa", p, "ttft_s"))
-        out.append(f"- prompt {p}: bf16 decode swiftlm / llama.cpp BF16 (best of fa off/on) = "
-                   f"{m('swiftlm bf16', p, 'decode_tok_s') / best_bf16:.2f}; TTFT swiftlm / llama.cpp BF16 = "
-                   f"{m('swiftlm bf16', p, 'ttft_s') / best_ttft:.2f}; int8 / Q8_0 decode = "
-                   f"{m('swiftlm int8', p, 'decode_tok_s') / m('llama.cpp Q8_0', p, 'decode_tok_s'):.2f}; "
-                   f"int4 / Q4_0 decode = {m('swiftlm int4', p, 'decode_tok_s') / m('llama.cpp Q4_0', p, 'decode_tok_s'):.2f}; "
-                   f"int8 and int4 TTFT / llama.cpp BF16 TTFT = {m('swiftlm int8', p, 'ttft_s') / best_ttft:.2f} and "
-                   f"{m('swiftlm int4', p, 'ttft_s') / best_ttft:.2f}")
+        best_bf16 = best([m("llama.cpp BF16", p, "decode_tok_s"), m("llama.cpp BF16 fa", p, "decode_tok_s")], max)
+        best_ttft = best([m("llama.cpp BF16", p, "ttft_s"), m("llama.cpp BF16 fa", p, "ttft_s")], min)
+        parts = [
+            ("bf16 decode swiftlm / llama.cpp BF16 (best of fa off/on)", m("swiftlm bf16", p, "decode_tok_s") / best_bf16),
+            ("TTFT swiftlm / llama.cpp BF16", m("swiftlm bf16", p, "ttft_s") / best_ttft),
+            ("int8 / Q8_0 decode", m("swiftlm int8", p, "decode_tok_s") / m("llama.cpp Q8_0", p, "decode_tok_s")),
+            ("int4 / Q4_0 decode", m("swiftlm int4", p, "decode_tok_s") / m("llama.cpp Q4_0", p, "decode_tok_s")),
+            ("int8 TTFT / llama.cpp BF16 TTFT", m("swiftlm int8", p, "ttft_s") / best_ttft),
+            ("int4 TTFT / llama.cpp BF16 TTFT", m("swiftlm int4", p, "ttft_s") / best_ttft),
+        ]
+        shown = [f"{name} = {value:.2f}" for name, value in parts if not math.isnan(value)]
+        out.append(f"- prompt {p}: " + "; ".join(shown))
     return out
 
 

@@ -96,11 +96,15 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
     packing = config.cpu_prepack is not False and can_pack(dtype, config.device)
     count = 0
     if gemv is not None:
+        from swiftlm.kernels.amx_linear_cpu import load_amx_linear
         from swiftlm.model.cpu_linear import use_gemv
 
         extra = config.cpu_prepack is True and packing
-        count = use_gemv(model, gemv, packed=extra)
-        logger.info("bf16 GEMV kernel for decode on %d linear layers%s", count, " (plus packed copies)" if extra else "")
+        amx = load_amx_linear()
+        count = use_gemv(model, gemv, packed=extra, amx=amx)
+        logger.info("bf16 GEMV kernel for decode on %d linear layers%s%s", count,
+                    ", AMX kernel for batches of 7-32" if amx is not None else "",
+                    " (plus packed copies)" if extra else "")
         from swiftlm.kernels.decode_cpu import load_decode_layers
 
         decode_op = load_decode_layers()

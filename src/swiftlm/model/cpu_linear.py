@@ -1,10 +1,12 @@
 """``GemvLinear``: a bf16 linear layer that decodes with swiftlm's AVX512-BF16 GEMV kernel.
 
 Up to ``GEMV_MAX_ROWS`` rows (decode of up to 6 sequences) go through the kernel, which streams
-the weight in nn.Linear's own layout; more rows (prefill chunks, larger decode batches) go to a
-dense matmul: oneDNN's prepacked one when the layer holds a packed copy (``packed=True``: twice
-the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at 7-64 rows), else
-``F.linear`` on the same weight. See ``kernels/bf16_linear_cpu.cpp`` for the measurements.
+the weight in nn.Linear's own layout; on CPUs with AMX, up to ``AMX_MAX_ROWS`` rows (decode batches
+of up to 32) go through the AMX kernel (``kernels/amx_linear.h``), which reads the same tensor at
+the same speed; more rows (prefill chunks) go to a dense matmul: oneDNN's prepacked one when the
+layer holds a packed copy (``packed=True``: twice the memory and ~2 s more at load for the 0.6B
+shape, ~15-30 % faster at 7-64 rows), else ``F.linear`` on the same weight. See
+``kernels/bf16_linear_cpu.cpp`` for the measurements.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ class GemvLinear(nn.Module):
     # The 112 layer linears of the 0.6B shape (bf16, 2 threads, AMX Xeon): kernel vs F.linear,
     # 1 row 40 vs 71 ms, 4 rows 52 vs 71, 6 rows 59 vs 72, 8 rows 68 vs 70, 12 rows 87 vs 72.
     GEMV_MAX_ROWS = 6
+    AMX_MAX_ROWS = 32
 
-    def __init__(self, linear: nn.Linear, gemv: Gemv, packed: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, gemv: Gemv, packed: bool = False, amx: Gemv | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
@@ -36,12 +39,18 @@ class GemvLinear(nn.Module):
         packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if packed else None
         self.register_buffer("packed_weight", packed_weight, persistent=False)
         self.gemv = gemv
+        self.amx = amx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~110 calls a token
-        if x2.shape[0] <= self.GEMV_MAX_ROWS and x2.dtype == torch.bfloat16:
+        rows = x2.shape[0]
+        if rows <= self.GEMV_MAX_ROWS and x2.dtype == torch.bfloat16:
             y = self.gemv(x2.contiguous(), b["weight"])
+            if b["bias"] is not None:
+                y.add_(b["bias"])
+        elif self.amx is not None and rows <= self.AMX_MAX_ROWS and x2.dtype == torch.bfloat16:
+            y = self.amx(x2.contiguous(), b["weight"])
             if b["bias"] is not None:
                 y.add_(b["bias"])
         elif b["packed_weight"] is not None:
@@ -51,14 +60,15 @@ class GemvLinear(nn.Module):
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
 
-def use_gemv(model: nn.Module, gemv: Gemv, packed: bool = False) -> int:
-    """Replace every bf16 nn.Linear the kernel can take by a GemvLinear; returns how many. The tied
-    lm_head shares the embedding's tensor (the kernel reads nn.Linear's layout: no copy)."""
+def use_gemv(model: nn.Module, gemv: Gemv, packed: bool = False, amx: Gemv | None = None) -> int:
+    """Replace every bf16 nn.Linear the kernel can take by a GemvLinear (with the AMX kernel for
+    7-32 rows when ``amx`` is given); returns how many. The tied lm_head shares the embedding's
+    tensor (the kernels read nn.Linear's layout: no copy)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16
                     and child.in_features % K_MULTIPLE == 0):
-                setattr(parent, name, GemvLinear(child, gemv, packed))
+                setattr(parent, name, GemvLinear(child, gemv, packed, amx))
                 count += 1
     return count

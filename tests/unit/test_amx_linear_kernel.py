@@ -1,0 +1,87 @@
+"""The AMX linear kernel (7-32 rows) against float64 sums of the same bf16 values, and GemvLinear's
+dispatch to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftlm.kernels.amx_linear_cpu import MAX_ROWS, REQUIRED_CPU_FLAGS, load_amx_linear
+from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
+from swiftlm.model.cpu_linear import GemvLinear
+from swiftlm.platform import cpu_flags
+
+
+@pytest.fixture(scope="module")
+def amx():
+    op = load_amx_linear()
+    if op is None:
+        if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
+            pytest.fail("the CPU has AMX but the AMX linear kernel did not load; see the log")
+        pytest.skip(f"AMX linear kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
+    return op
+
+
+def _check_against_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """y must be the float64 result rounded to bf16, up to float32 summation error: within one
+    bf16 rounding step (2^-8 relative) plus K * 2^-24 of the sum of |products|."""
+    exact = x.double() @ w.double().T
+    magnitude = x.double().abs() @ w.double().abs().T
+    bound = exact.abs() * 2.0**-8 + magnitude * x.shape[1] * 2.0**-24 + 1e-30
+    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
+    assert ((y.double() - exact).abs() <= bound).all()
+
+
+# rows: one and two batch tiles, full and partial; n: whole and partial pairs of 16-row weight blocks
+@pytest.mark.parametrize("m", [1, 7, 15, 16, 17, 31, 32])
+@pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
+def test_amx_matches_float64(amx, m: int, n: int, k: int) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    y = amx(x, w)
+    _check_against_float64(y, x, w)
+    assert (y == F.linear(x, w)).float().mean() > 0.9
+
+
+def test_amx_reads_only_its_rows(amx) -> None:
+    """Views into larger buffers: the kernel must not read past the weight's last row."""
+    big = torch.randn(100, 64).bfloat16()
+    w = big[:37]  # contiguous, followed by more memory that must not leak into the result
+    x = torch.randn(9, 64).bfloat16()
+    y = amx(x, w)
+    big[37:] = float("nan")
+    assert torch.equal(amx(x, w), y) and not y.isnan().any()
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "message"),
+    [
+        (torch.zeros(8, 48, dtype=torch.bfloat16), torch.zeros(4, 48, dtype=torch.bfloat16), "multiple of 32"),
+        (torch.zeros(8, 32), torch.zeros(4, 32), "bfloat16"),
+        (torch.zeros(MAX_ROWS + 1, 32, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16), "at most 32"),
+        (torch.zeros(8, 64, dtype=torch.bfloat16)[:, ::2], torch.zeros(4, 32, dtype=torch.bfloat16), "contiguous"),
+    ],
+)
+def test_amx_rejects_bad_inputs(amx, x, w, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        amx(x, w)
+
+
+def test_gemv_linear_takes_amx_between_the_gemv_and_the_dense_matmul(amx) -> None:
+    gemv = load_bf16_gemv()
+    assert gemv is not None  # every AMX CPU has AVX512-BF16
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 40, bias=True).bfloat16()
+    layer = GemvLinear(linear, gemv, amx=amx)
+    w, b = linear.weight.detach(), linear.bias.detach()
+    for rows in (1, GemvLinear.GEMV_MAX_ROWS):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(layer(x), gemv(x, w).add_(b))
+    for rows in (GemvLinear.GEMV_MAX_ROWS + 1, GemvLinear.AMX_MAX_ROWS):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(layer(x), amx(x, w).add_(b))
+    x = torch.randn(GemvLinear.AMX_MAX_ROWS + 1, 64).bfloat16()
+    assert torch.equal(layer(x), F.linear(x, w, b))
