@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from swiftlm import LLM, SamplingParams
+from swiftlm.kernels.amx_linear_cpu import load_amx_linear
 from swiftlm.kernels.decode_cpu import load_decode_layers
-from swiftlm.model.decode_layers import DecodeLayers
+from swiftlm.model.cpu_linear import GemvLinear
 
 pytestmark = pytest.mark.skipif(load_decode_layers() is None, reason="needs the AVX512-BF16 kernels")
 PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=3)
 
 
 def params(i: int) -> SamplingParams:
-    """Request i stops after 4 + 2 i tokens: batches shrink as requests finish."""
-    return SamplingParams(temperature=0.0, max_tokens=4 + 2 * i, ignore_eos=True, logprobs=3)
+    """Request i stops after 4 + i tokens: batches shrink one request a step as requests finish."""
+    return SamplingParams(temperature=0.0, max_tokens=4 + i, ignore_eos=True, logprobs=3)
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
@@ -47,8 +48,15 @@ def counting(llm: LLM) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("batch", [1, 3, 6, 9])
-def test_decode_layers_equal_python_loop(tiny_model_dir: Path, batch: int) -> None:
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "gemv-only"])
+@pytest.mark.parametrize("batch", [1, 3, 9, 34])
+def test_decode_layers_equal_python_loop(tiny_model_dir: Path, batch: int, amx: bool, monkeypatch) -> None:
+    """Without AMX the op takes up to 6 rows through the GEMV kernel; with it, 1 row through the
+    GEMV kernel and 2-32 through AMX. Either way it must equal the Python loop over the same layers."""
+    if amx and load_amx_linear() is None:
+        pytest.skip("no AMX here")
+    if not amx:
+        monkeypatch.setattr("swiftlm.kernels.amx_linear_cpu.load_amx_linear", lambda: None)
     fast = LLM(str(tiny_model_dir), dtype="bfloat16")
     calls = counting(fast)
     slow = LLM(str(tiny_model_dir), dtype="bfloat16")
@@ -57,8 +65,10 @@ def test_decode_layers_equal_python_loop(tiny_model_dir: Path, batch: int) -> No
     batch_prompts = prompts(batch, seed=batch)
     assert outputs(fast, batch_prompts) == outputs(slow, batch_prompts)
     assert slow.engine.model.model.decode_layers is None
+    layers = fast.engine.model.model.decode_layers
+    assert layers.max_rows == (GemvLinear.AMX_MAX_ROWS if amx else GemvLinear.GEMV_MAX_ROWS)
     # decode steps of up to max_rows rows went through the op, larger ones through the Python loop
-    assert sorted(set(calls)) == list(range(1, min(batch, DecodeLayers.max_rows) + 1))
+    assert sorted(set(calls)) == list(range(1, min(batch, layers.max_rows) + 1))
     # the KV pools hold the same K/V, bit for bit
     for layer in range(fast.engine.model.config.num_hidden_layers):
         for a, b in zip(fast.engine.kv_cache.layer(layer), slow.engine.kv_cache.layer(layer), strict=True):
@@ -85,5 +95,5 @@ def test_bad_slot_is_an_error_not_a_write(tiny_model_dir: Path) -> None:
     with pytest.raises(RuntimeError, match="outside the pool"):
         layers.op(residual, h, torch.tensor([0]), torch.tensor([num_slots]), torch.zeros(1, 1, dtype=torch.long),
                   torch.tensor([1]), layers.weights, k_pools, v_pools, layers.cos, layers.sin, layers.n_heads,
-                  layers.n_kv_heads, layers.eps, layers.scale)
+                  layers.n_kv_heads, layers.eps, layers.scale, layers.gemv_max_rows)
     assert all(torch.equal(a, b) for a, b in zip(before, k_pools, strict=True))

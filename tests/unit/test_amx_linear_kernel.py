@@ -71,17 +71,26 @@ def test_amx_rejects_bad_inputs(amx, x, w, message: str) -> None:
 
 
 def test_gemv_linear_takes_amx_between_the_gemv_and_the_dense_matmul(amx) -> None:
+    """With AMX: one row through the GEMV kernel, 2-32 through AMX, more through F.linear."""
     gemv = load_bf16_gemv()
     assert gemv is not None  # every AMX CPU has AVX512-BF16
+    seen: list[tuple[str, int]] = []
+
+    def recording(name, op):
+        def run(x, w):
+            seen.append((name, x.shape[0]))
+            return op(x, w)
+        return run
+
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=True).bfloat16()
-    layer = GemvLinear(linear, gemv, amx=amx)
+    layer = GemvLinear(linear, recording("gemv", gemv), amx=recording("amx", amx))
+    assert layer.gemv_max_rows == 1
     w, b = linear.weight.detach(), linear.bias.detach()
-    for rows in (1, GemvLinear.GEMV_MAX_ROWS):
+    for rows in (1, 2, GemvLinear.GEMV_MAX_ROWS, GemvLinear.AMX_MAX_ROWS, GemvLinear.AMX_MAX_ROWS + 1):
         x = torch.randn(rows, 64).bfloat16()
-        assert torch.equal(layer(x), gemv(x, w).add_(b))
-    for rows in (GemvLinear.GEMV_MAX_ROWS + 1, GemvLinear.AMX_MAX_ROWS):
-        x = torch.randn(rows, 64).bfloat16()
-        assert torch.equal(layer(x), amx(x, w).add_(b))
-    x = torch.randn(GemvLinear.AMX_MAX_ROWS + 1, 64).bfloat16()
-    assert torch.equal(layer(x), F.linear(x, w, b))
+        kernel = "gemv" if rows == 1 else "amx" if rows <= GemvLinear.AMX_MAX_ROWS else None
+        want = F.linear(x, w, b) if kernel is None else (gemv if kernel == "gemv" else amx)(x, w).add_(b)
+        seen.clear()
+        assert torch.equal(layer(x), want)
+        assert seen == ([] if kernel is None else [(kernel, rows)])

@@ -1,14 +1,17 @@
 // Every decoder layer of a bf16 decode step in one call (op torch.ops.swiftlm_decode.decode_layers).
 //
 // The same sequence of steps as model/fused_forward.py runs from Python, in the same order and with
-// the same code (bf16_gemv.h, fused_rows.h, the paged attention op), so the results are bit for bit
+// the same code (bf16_gemv.h, amx_linear.h, fused_rows.h, the paged attention op), so the results are bit for bit
 // the same:
 //
-//   for each layer:  qkv = gemv(h, W_qkv);  q, k = qk_norm_rope(qkv)
+//   for each layer:  qkv = linear(h, W_qkv);  q, k = qk_norm_rope(qkv)
 //                    k, v -> the layer's KV pools at slot_mapping
 //                    a = paged_decode_attention(q, pools, block_tables, seq_lens)
-//                    h = add_rms_norm_(residual, gemv(a, W_o))
-//                    h = add_rms_norm_(residual, gemv(silu_mul(gemv(h, W_gate_up)), W_down))
+//                    h = add_rms_norm_(residual, linear(a, W_o))
+//                    h = add_rms_norm_(residual, linear(silu_mul(linear(h, W_gate_up)), W_down))
+//
+// linear: the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows, the AMX kernel (amx_linear.h)
+// above, as GemvLinear chooses.
 //
 // Why: a decode step streams ~1.2 GB of weights through the caches, which evicts everything else
 // on the way, including the Python interpreter's own working set and torch's dispatcher and
@@ -30,6 +33,10 @@
 
 #include "bf16_gemv.h"
 #include "fused_rows.h"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "amx_linear.h"
+#define SWIFTLM_HAS_AMX 1
+#endif
 
 namespace {
 
@@ -48,12 +55,23 @@ const AttentionOp& attention_op() {  // looked up at the first call, when its li
   return op;
 }
 
-// y [t, n] = x [t, k] . w [n, k]^T, all bf16
-inline void gemv(const bf16* x, int64_t t, const Tensor& w, bf16* y) {
-  swiftlm_gemv::gemv_into(reinterpret_cast<const uint16_t*>(x), t, w.size(1),
-                          reinterpret_cast<const uint16_t*>(w.const_data_ptr()), w.size(0),
-                          reinterpret_cast<uint16_t*>(y));
-}
+// y [t, n] = x [t, k] . w [n, k]^T, all bf16: the AVX512-BF16 GEMV up to gemv_rows rows, else AMX
+// (the same choice as model/cpu_linear.py's GemvLinear makes for the same number of rows)
+struct Linear {
+  int64_t gemv_rows;
+  inline void operator()(const bf16* x, int64_t t, const Tensor& w, bf16* y) const {
+    const auto* xp = reinterpret_cast<const uint16_t*>(x);
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr());
+    auto* yp = reinterpret_cast<uint16_t*>(y);
+    if (t <= gemv_rows) {
+      swiftlm_gemv::gemv_into(xp, t, w.size(1), wp, w.size(0), yp);
+      return;
+    }
+#ifdef SWIFTLM_HAS_AMX
+    swiftlm_amx::linear_into(xp, t, w.size(1), wp, w.size(0), yp);
+#endif
+  }
+};
 
 constexpr int64_t kPerLayer = 8;  // weights: qkv, q_norm, k_norm, o, post_norm, gate_up, down, next_norm
 constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next norm
@@ -61,7 +79,8 @@ constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next
 Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positions, const Tensor& slot_mapping,
                      const Tensor& block_tables, const Tensor& seq_lens, at::TensorList weights,
                      at::TensorList k_pools, at::TensorList v_pools, const Tensor& cos, const Tensor& sin,
-                     int64_t n_heads, int64_t n_kv_heads, c10::ArrayRef<double> eps, double scale) {
+                     int64_t n_heads, int64_t n_kv_heads, c10::ArrayRef<double> eps, double scale,
+                     int64_t gemv_rows) {
   const int64_t layers = static_cast<int64_t>(k_pools.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
                   static_cast<int64_t>(v_pools.size()) == layers &&
@@ -74,6 +93,14 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == t,
               "swiftlm_decode.decode_layers: slot_mapping must be int64 [T]");
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  if (t > gemv_rows) {
+#ifdef SWIFTLM_HAS_AMX
+    TORCH_CHECK(t <= swiftlm_amx::kMaxRows && swiftlm_amx::enable_amx(),
+                "swiftlm_decode.decode_layers: more than ", gemv_rows, " rows need AMX, for at most 32 rows");
+#else
+    TORCH_CHECK(false, "swiftlm_decode.decode_layers: built without AMX: at most ", gemv_rows, " rows");
+#endif
+  }
   TORCH_CHECK(h_in.scalar_type() == at::kBFloat16 && residual.scalar_type() == at::kBFloat16 && h_in.is_contiguous(),
               "swiftlm_decode.decode_layers: bf16 activations expected");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == t,
@@ -135,6 +162,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   std::memcpy(hp, h_in.const_data_ptr(), t * hidden * sizeof(bf16));
   const int64_t row_bytes = kv_width * static_cast<int64_t>(sizeof(bf16));
   const auto& attention = attention_op();
+  const Linear gemv{gemv_rows};
 
   for (int64_t l = 0; l < layers; ++l) {
     const Tensor* w = weights.data() + kPerLayer * l;
@@ -176,7 +204,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
 TORCH_LIBRARY(swiftlm_decode, lib) {
   lib.def("decode_layers(Tensor(a!) residual, Tensor h, Tensor positions, Tensor slot_mapping, Tensor block_tables, "
           "Tensor seq_lens, Tensor[] weights, Tensor[] k_pools, Tensor[] v_pools, Tensor cos, Tensor sin, "
-          "int n_heads, int n_kv_heads, float[] eps, float scale) -> Tensor");
+          "int n_heads, int n_kv_heads, float[] eps, float scale, int gemv_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(swiftlm_decode, CPU, lib) { lib.impl("decode_layers", &decode_layers); }

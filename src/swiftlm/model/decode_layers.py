@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 class DecodeLayers:
     """The layers' tensors flattened once for the op: 8 weights and 3 eps per layer."""
 
-    max_rows = GemvLinear.GEMV_MAX_ROWS  # more rows take F.linear in the Python loop
-
     def __init__(self, model: Qwen3Model, op: Callable[..., torch.Tensor]) -> None:
         layers = list(model.layers)
         first = layers[0].self_attn
         self.op = op
+        # the rows the layers' GemvLinears run through the GEMV kernel, then through AMX (when they
+        # have it); more rows take the dense matmul in the Python loop
+        qkv: GemvLinear = first.qkv_proj
+        self.gemv_max_rows = qkv.gemv_max_rows
+        self.max_rows = GemvLinear.AMX_MAX_ROWS if qkv.amx is not None else qkv.gemv_max_rows
         self.n_heads, self.n_kv_heads = first.n_heads, first.n_kv_heads
         self.scale = first.head_dim ** -0.5
         self.cos, self.sin = model.rotary.cos_cached, model.rotary.sin_cached  # [max_positions, Dh] float32
@@ -46,12 +49,15 @@ class DecodeLayers:
 
     @staticmethod
     def supports(model: Qwen3Model) -> bool:
-        """Every layer with fused q/k/v and gate/up, all four linears bias-free GemvLinears."""
+        """Every layer with fused q/k/v and gate/up, all four linears bias-free GemvLinears that
+        choose their kernels alike."""
+        kinds = set()
         for layer in model.layers:
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             if not all(isinstance(m, GemvLinear) and m.bias is None for m in linears):
                 return False
-        return True
+            kinds |= {(m.gemv_max_rows, m.amx is not None) for m in linears}
+        return len(kinds) == 1
 
     def __call__(
         self, residual: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, step: DecodeOnlyStep
@@ -59,4 +65,4 @@ class DecodeLayers:
         """residual, h: [T, hidden] (residual updated in place) -> the final normed hidden [T, hidden]."""
         return self.op(residual, h, positions, step.slot_mapping, step.block_tables, step.seq_lens, self.weights,
                        step.k_pools, step.v_pools, self.cos, self.sin, self.n_heads, self.n_kv_heads, self.eps,
-                       self.scale)
+                       self.scale, self.gemv_max_rows)
