@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -75,13 +76,17 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
     oneDNN-packed weights (see ``EngineConfig.cpu_prepack``), and last the streamed weights moved
     into one huge-page buffer in reading order (``model.weight_arena``). Returns how many linears
     changed."""
+    cpu = config.device == "cpu"
+    if cpu and config.quantization is None:
+        # the weights in their final place first, so that fusing q/k/v and gate/up makes views of
+        # the arena instead of fresh copies (0.9 GB less memory to touch at load)
+        place_weights_in_arena(model)
     fuse_projections(model)
     if config.quantization is not None:
         from swiftlm.model.quant import quantize
 
         quantize(model, config.quantization)
     dtype = model.model.embed_tokens.weight.dtype
-    cpu = config.device == "cpu"
     gemv = None
     if cpu and config.cpu_kernels:
         from swiftlm.kernels.fused_cpu import load_fused_ops
@@ -103,7 +108,7 @@ def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
         amx = load_amx_linear()
         count = use_gemv(model, gemv, packed=extra, amx=amx)
         logger.info("bf16 GEMV kernel for decode on %d linear layers%s%s", count,
-                    ", AMX kernel for batches of 7-32" if amx is not None else "",
+                    ", AMX kernel for 2-32 rows" if amx is not None else "",
                     " (plus packed copies)" if extra else "")
         from swiftlm.kernels.decode_cpu import load_decode_layers
 
@@ -129,9 +134,12 @@ class Engine:
         self.model_dir = resolve_model_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, config.device)
         t0 = time.perf_counter()
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.model = load_model(self.model_dir, self.dtype, config.device)
-        self.num_packed = prepare_model(self.model, config)
+        # the tokenizer (~0.5 s of parsing, mostly outside the GIL) loads while the weights do
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-tokenizer") as pool:
+            tokenizer = pool.submit(Tokenizer.from_dir, self.model_dir)
+            self.model = load_model(self.model_dir, self.dtype, config.device)
+            self.num_packed = prepare_model(self.model, config)
+            self.tokenizer = tokenizer.result()
         self.load_seconds = time.perf_counter() - t0
         mcfg = self.model.config
         self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -20,11 +21,31 @@ from swiftlm.model.qwen3 import Qwen3ForCausalLM
 logger = logging.getLogger(__name__)
 
 
+def _adjacent(tensors: list[torch.Tensor]) -> bool:
+    """Contiguous tensors of one dtype and row width lying back to back in one storage."""
+    storage = tensors[0].untyped_storage().data_ptr()
+    for a, b in pairwise(tensors):
+        if not (a.is_contiguous() and b.is_contiguous() and a.dtype == b.dtype and a.shape[1:] == b.shape[1:]
+                and a.untyped_storage().data_ptr() == storage == b.untyped_storage().data_ptr()
+                and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()):
+            return False
+    return True
+
+
 def _concat_linear(*parts: nn.Linear) -> nn.Linear:
+    """One linear for ``parts`` stacked by output features. When their weights already lie back to
+    back (the weight arena places them so, ``engine.prepare_model``), the fused weight is a view
+    of that memory: no copy, no fresh memory to touch at load."""
     out_features = sum(p.out_features for p in parts)
     with torch.device("meta"):  # no random initialisation of weights that are overwritten anyway
         fused = nn.Linear(parts[0].in_features, out_features, bias=parts[0].bias is not None)
-    fused.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]), requires_grad=False)
+    weights = [p.weight.detach() for p in parts]
+    if _adjacent(weights):
+        w = weights[0]
+        weight = w.as_strided((out_features, w.shape[1]), (w.shape[1], 1))
+    else:
+        weight = torch.cat(weights)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
     if parts[0].bias is not None:
         fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
     return fused

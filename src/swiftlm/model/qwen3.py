@@ -120,6 +120,7 @@ class Qwen3ForCausalLM(nn.Module):
         self.config = config
         self.model = Qwen3Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.weight_arena: torch.Tensor | None = None  # the buffer model.weight_arena placed the weights in
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

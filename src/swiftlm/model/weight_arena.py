@@ -43,10 +43,25 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.dtype, tuple(t.shape))
 
 
+def _in_place(model: Qwen3ForCausalLM, tensors: list[torch.Tensor]) -> bool:
+    """Every tensor already inside the model's arena, in reading order."""
+    arena = getattr(model, "weight_arena", None)
+    if arena is None or not tensors:
+        return False
+    lo, hi = arena.data_ptr(), arena.data_ptr() + arena.numel()
+    starts = [t.data_ptr() for t in tensors]
+    inside = all(lo <= a and a + t.numel() * t.element_size() <= hi for a, t in zip(starts, tensors, strict=True))
+    distinct = sorted(set(starts), key=starts.index)
+    return inside and distinct == sorted(distinct)
+
+
 def place_weights_in_arena(model: Qwen3ForCausalLM) -> int:
     """Move the streamed weights of ``model`` (CPU) into one buffer; returns its size in bytes.
 
-    Tensors that share memory (the tied lm_head and embedding) keep sharing it.
+    Tensors that share memory (the tied lm_head and embedding) keep sharing it. Nothing is copied
+    when an earlier call's arena already holds every streamed tensor in reading order (q/k/v and
+    gate/up fused since then as views of it, see ``model.fuse``); the arena is kept as
+    ``model.weight_arena``.
     """
     slots: list[tuple[nn.Module, str, bool, torch.Tensor]] = []  # (module, name, is_parameter, tensor)
     offsets: dict[tuple, int] = {}
@@ -63,7 +78,10 @@ def place_weights_in_arena(model: Qwen3ForCausalLM) -> int:
                     total += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
     if not slots:
         return 0
+    if _in_place(model, [t for *_, t in slots]):
+        return model.weight_arena.numel()
     arena = huge_page_buffer(total)
+    model.weight_arena = arena
     views: dict[tuple, torch.Tensor] = {}  # memory -> its copy in the arena, made at first sight
     params: dict[tuple, nn.Parameter] = {}
     with torch.no_grad():
