@@ -84,3 +84,22 @@ def test_engine_preparation_puts_every_streamed_weight_in_the_arena(
         prepare_model(without, config)
     assert len({t.untyped_storage().data_ptr() for t in streamed(without)}) > 1
     assert torch.equal(logits_of(model), logits_of(without))
+
+
+def test_fusing_weights_that_lie_back_to_back_makes_a_view() -> None:
+    """q/k/v (and gate/up) placed back to back in one buffer fuse without a copy; anything else
+    (a gap, another buffer) is concatenated; both give the same fused weight."""
+    from swiftlm.model.fuse import _concat_linear
+
+    buf = torch.randn(4 * 8 + 2 * 8 + 8, 16)  # three weights of 4, 2 and 2 rows of 16, and spare rows
+    parts = []
+    for lo, hi in ((0, 4), (4, 6), (6, 8)):
+        linear = nn.Linear(16, hi - lo, bias=False)
+        linear.weight = nn.Parameter(buf[lo:hi], requires_grad=False)
+        parts.append(linear)
+    fused = _concat_linear(*parts)
+    assert fused.weight.data_ptr() == buf.data_ptr() and torch.equal(fused.weight, buf[:8])
+    parts[2].weight = nn.Parameter(buf[7:9], requires_grad=False)  # a gap of one row
+    gapped = _concat_linear(*parts)
+    assert gapped.weight.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+    assert torch.equal(gapped.weight, torch.cat([buf[:6], buf[7:9]]))
