@@ -55,32 +55,56 @@ const AttentionOp& attention_op() {  // looked up at the first call, when its li
   return op;
 }
 
-// y [t, n] = x [t, k] . w [n, k]^T, all bf16: the AVX512-BF16 GEMV up to gemv_rows rows, else AMX
-// (the same choice as model/cpu_linear.py's GemvLinear makes for the same number of rows)
+using Int8Gemv = c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t)>;
+using Int4Gemv = c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t)>;
+
+const Int8Gemv& int8_gemv_op() {  // looked up at the first int8 call, when the quant library is loaded
+  static const Int8Gemv op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("swiftlm_quant::int8_gemv", "")
+                                 .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t)>();
+  return op;
+}
+
+const Int4Gemv& int4_gemv_op() {
+  static const Int4Gemv op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("swiftlm_quant::int4_gemv", "")
+                                 .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t)>();
+  return op;
+}
+
+enum Kind : int64_t { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
+
+// y [t, n] = x [t, k] . W^T, the kernel GemvLinear / QuantLinear (model/) picks for t rows:
+//   bf16: the AVX512-BF16 GEMV up to gemv_rows rows, else AMX, written into `out`;
+//   int8 / int4: the quantised GEMV op (quant_cpu.cpp) on q = (qweight, scales[, mins]), a new tensor.
 struct Linear {
-  int64_t gemv_rows;
-  inline void operator()(const bf16* x, int64_t t, const Tensor& w, bf16* y) const {
-    const auto* xp = reinterpret_cast<const uint16_t*>(x);
+  int64_t kind, gemv_rows;
+  Tensor operator()(const Tensor& x, int64_t t, const Tensor& w, const Tensor* q, int64_t n, const Tensor& out) const {
+    if (kind == kInt8) return int8_gemv_op().call(x, q[0], q[1], n);
+    if (kind == kInt4) return int4_gemv_op().call(x, q[0], q[1], q[2], n);
+    const auto* xp = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
     const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr());
-    auto* yp = reinterpret_cast<uint16_t*>(y);
+    auto* yp = reinterpret_cast<uint16_t*>(out.data_ptr());
     if (t <= gemv_rows) {
       swiftlm_gemv::gemv_into(xp, t, w.size(1), wp, w.size(0), yp);
-      return;
-    }
+    } else {
 #ifdef SWIFTLM_HAS_AMX
-    swiftlm_amx::linear_into(xp, t, w.size(1), wp, w.size(0), yp);
+      swiftlm_amx::linear_into(xp, t, w.size(1), wp, w.size(0), yp);
 #endif
+    }
+    return out;
   }
 };
 
 constexpr int64_t kPerLayer = 8;  // weights: qkv, q_norm, k_norm, o, post_norm, gate_up, down, next_norm
+constexpr int64_t kQuantPerLayer = 12;  // quantised: (qweight, scales, mins or empty) of qkv, o, gate_up, down
 constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next norm
 
 Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positions, const Tensor& slot_mapping,
                      const Tensor& block_tables, const Tensor& seq_lens, at::TensorList weights,
                      at::TensorList k_pools, at::TensorList v_pools, const Tensor& cos, const Tensor& sin,
                      int64_t n_heads, int64_t n_kv_heads, c10::ArrayRef<double> eps, double scale,
-                     int64_t gemv_rows) {
+                     int64_t gemv_rows, int64_t kind, at::TensorList quant, int64_t intermediate) {
   const int64_t layers = static_cast<int64_t>(k_pools.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
                   static_cast<int64_t>(v_pools.size()) == layers &&
@@ -93,7 +117,10 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == t,
               "swiftlm_decode.decode_layers: slot_mapping must be int64 [T]");
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
-  if (t > gemv_rows) {
+  TORCH_CHECK(kind == kBf16 || kind == kInt8 || kind == kInt4, "swiftlm_decode.decode_layers: unknown kind ", kind);
+  TORCH_CHECK(kind == kBf16 || static_cast<int64_t>(quant.size()) == kQuantPerLayer * layers,
+              "swiftlm_decode.decode_layers: ", kQuantPerLayer, " quantised tensors per layer expected");
+  if (kind == kBf16 && t > gemv_rows) {
 #ifdef SWIFTLM_HAS_AMX
     TORCH_CHECK(t <= swiftlm_amx::kMaxRows && swiftlm_amx::enable_amx(),
                 "swiftlm_decode.decode_layers: more than ", gemv_rows, " rows need AMX, for at most 32 rows");
@@ -115,19 +142,24 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   const int64_t hidden = h_in.size(1);
   // shapes, checked once for every layer
   const int64_t d = weights[1].numel(), qkv_n = (n_heads + 2 * n_kv_heads) * d, kv_width = n_kv_heads * d;
-  const int64_t gate_up_n = weights[5].size(0), inter = gate_up_n / 2;
+  const int64_t inter = intermediate, gate_up_n = 2 * intermediate;
   TORCH_CHECK(cos.size(1) == d && d % 2 == 0, "swiftlm_decode.decode_layers: rope tables must be [P, head_dim]");
   for (int64_t l = 0; l < layers; ++l) {
     const Tensor* w = weights.data() + kPerLayer * l;
-    const bool shapes_ok = w[0].dim() == 2 && w[0].size(0) == qkv_n && w[0].size(1) == hidden && w[1].numel() == d &&
-                           w[2].numel() == d && w[3].dim() == 2 && w[3].size(0) == hidden &&
-                           w[3].size(1) == n_heads * d && w[4].numel() == hidden && w[5].dim() == 2 &&
-                           w[5].size(0) == gate_up_n && w[5].size(1) == hidden && w[6].dim() == 2 &&
-                           w[6].size(0) == hidden && w[6].size(1) == inter && w[7].numel() == hidden;
-    TORCH_CHECK(shapes_ok, "swiftlm_decode.decode_layers: layer ", l, " has weights of unexpected shapes");
-    for (int64_t i = 0; i < kPerLayer; ++i)
+    const bool norms_ok = w[1].numel() == d && w[2].numel() == d && w[4].numel() == hidden && w[7].numel() == hidden;
+    const bool linears_ok = kind != kBf16 ||
+                            (w[0].dim() == 2 && w[0].size(0) == qkv_n && w[0].size(1) == hidden && w[3].dim() == 2 &&
+                             w[3].size(0) == hidden && w[3].size(1) == n_heads * d && w[5].dim() == 2 &&
+                             w[5].size(0) == gate_up_n && w[5].size(1) == hidden && w[6].dim() == 2 &&
+                             w[6].size(0) == hidden && w[6].size(1) == inter);
+    TORCH_CHECK(norms_ok && linears_ok, "swiftlm_decode.decode_layers: layer ", l, " has weights of unexpected shapes");
+    for (int64_t i : {1, 2, 4, 7})  // the norms; and the linears' weights on the bf16 kernels
       TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
-                  "swiftlm_decode.decode_layers: weights must be contiguous bf16");
+                  "swiftlm_decode.decode_layers: norm weights must be contiguous bf16");
+    if (kind == kBf16)
+      for (int64_t i : {0, 3, 5, 6})
+        TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
+                    "swiftlm_decode.decode_layers: weights must be contiguous bf16");
     TORCH_CHECK(hidden % swiftlm_gemv::KB == 0 && (n_heads * d) % swiftlm_gemv::KB == 0 && inter % swiftlm_gemv::KB == 0,
                 "swiftlm_decode.decode_layers: GEMV inputs must be multiples of 32 wide");
     const Tensor& k_pool = k_pools[l];
@@ -151,25 +183,25 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   std::vector<float> silu_scratch(2 * inter);
   bf16* res = residual.data_ptr<bf16>();
   bf16* hp = h.data_ptr<bf16>();
-  bf16* qkv_p = qkv.data_ptr<bf16>();
   bf16* qp = q.data_ptr<bf16>();
   bf16* kp = k.data_ptr<bf16>();
-  bf16* o_p = o_out.data_ptr<bf16>();
-  bf16* gu_p = gate_up.data_ptr<bf16>();
   bf16* act_p = act.data_ptr<bf16>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   std::memcpy(hp, h_in.const_data_ptr(), t * hidden * sizeof(bf16));
   const int64_t row_bytes = kv_width * static_cast<int64_t>(sizeof(bf16));
   const auto& attention = attention_op();
-  const Linear gemv{gemv_rows};
+  const Linear linear{kind, gemv_rows};
 
   for (int64_t l = 0; l < layers; ++l) {
     const Tensor* w = weights.data() + kPerLayer * l;
+    const Tensor* qz = kind == kBf16 ? nullptr : quant.data() + kQuantPerLayer * l;  // qkv, o, gate_up, down
     const double* e = eps.data() + kEpsPerLayer * l;
     const Tensor& k_pool = k_pools[l];
     const Tensor& v_pool = v_pools[l];
-    gemv(hp, t, w[0], qkv_p);  // [T, (Hq + 2 Hk) * D]
+    // each linear's result held while it is read: the quantised kernels return fresh tensors
+    const Tensor qkv_r = linear(h, t, w[0], qz, qkv_n, qkv);  // [T, (Hq + 2 Hk) * D]
+    const bf16* qkv_p = qkv_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
       swiftlm_rows::qk_norm_rope_row(qkv_p + i * qkv_n, w[1].const_data_ptr<bf16>(), w[2].const_data_ptr<bf16>(),
                                      cp + pos[i] * d, sp + pos[i] * d, n_heads, n_kv_heads, d,
@@ -183,17 +215,20 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
       std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
     }
     const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale);  // [T, Hq, D]
-    gemv(a.const_data_ptr<bf16>(), t, w[3], o_p);
+    const Tensor o_r = linear(a.reshape({t, n_heads * d}), t, w[3], qz ? qz + 3 : nullptr, hidden, o_out);
+    const bf16* o_p = o_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
       swiftlm_rows::add_norm_row(res + i * hidden, o_p + i * hidden, w[4].const_data_ptr<bf16>(), hidden,
                                  static_cast<float>(e[1]), hp + i * hidden);
-    gemv(hp, t, w[5], gu_p);
+    const Tensor gu_r = linear(h, t, w[5], qz ? qz + 6 : nullptr, gate_up_n, gate_up);
+    const bf16* gu_p = gu_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
       swiftlm_rows::silu_mul_row(gu_p + i * gate_up_n, inter, act_p + i * inter, silu_scratch.data(),
                                  silu_scratch.data() + inter);
-    gemv(act_p, t, w[6], o_p);
+    const Tensor m_r = linear(act, t, w[6], qz ? qz + 9 : nullptr, hidden, o_out);
+    const bf16* m_p = m_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
-      swiftlm_rows::add_norm_row(res + i * hidden, o_p + i * hidden, w[7].const_data_ptr<bf16>(), hidden,
+      swiftlm_rows::add_norm_row(res + i * hidden, m_p + i * hidden, w[7].const_data_ptr<bf16>(), hidden,
                                  static_cast<float>(e[2]), hp + i * hidden);
   }
   return h;
@@ -204,7 +239,8 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
 TORCH_LIBRARY(swiftlm_decode, lib) {
   lib.def("decode_layers(Tensor(a!) residual, Tensor h, Tensor positions, Tensor slot_mapping, Tensor block_tables, "
           "Tensor seq_lens, Tensor[] weights, Tensor[] k_pools, Tensor[] v_pools, Tensor cos, Tensor sin, "
-          "int n_heads, int n_kv_heads, float[] eps, float scale, int gemv_rows) -> Tensor");
+          "int n_heads, int n_kv_heads, float[] eps, float scale, int gemv_rows, int kind, Tensor[] quant, "
+          "int intermediate) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(swiftlm_decode, CPU, lib) { lib.impl("decode_layers", &decode_layers); }

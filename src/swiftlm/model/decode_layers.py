@@ -2,7 +2,8 @@
 
 ``fused_forward`` hands a step to ``DecodeLayers`` when the step is decode rows alone (the bound
 attention offers a ``decode_only`` description of it) and every linear of every layer is a bias-free
-``GemvLinear`` taking that many rows. The op runs the same kernels in the same order as the Python
+``GemvLinear`` (bf16) or a bias-free ``QuantLinear`` on its kernels (int8 / int4), all alike, taking
+that many rows through their kernels. The op runs the same kernels in the same order as the Python
 loop, so the hidden states and the KV pools come out bit for bit the same (the tests hold it to that);
 what it saves is the Python work between the weight reads, each op of which starts with cold caches
 after a GEMV has streamed its weights through them (see the C++ source for the measurements).
@@ -14,26 +15,49 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from swiftlm.model.cpu_linear import GemvLinear
+from swiftlm.model.quant import QuantLinear
 
 if TYPE_CHECKING:
     from swiftlm.model.qwen3 import Qwen3Model
     from swiftlm.runner.attention import DecodeOnlyStep
 
 
+KINDS = {"bf16": 0, "int8": 1, "int4": 2}  # the op's ``kind`` argument
+
+
+def _kind(linear: nn.Module) -> tuple | None:
+    """What decides the kernel a linear runs for a given number of rows, or None if the op cannot run it."""
+    if isinstance(linear, GemvLinear) and linear.bias is None:
+        return ("bf16", linear.gemv_max_rows, linear.amx is not None)
+    if (isinstance(linear, QuantLinear) and linear.bias is None and linear._kernel_gemv is not None
+            and linear.path == "auto"):
+        return (linear.method,)
+    return None
+
+
 class DecodeLayers:
-    """The layers' tensors flattened once for the op: 8 weights and 3 eps per layer."""
+    """The layers' tensors flattened once for the op: 8 weights (norms; bf16 linears) and 3 eps per
+    layer, and for quantised layers 12 tensors (qweight, scales, mins or empty, per linear)."""
 
     def __init__(self, model: Qwen3Model, op: Callable[..., torch.Tensor]) -> None:
         layers = list(model.layers)
         first = layers[0].self_attn
         self.op = op
-        # the rows the layers' GemvLinears run through the GEMV kernel, then through AMX (when they
-        # have it); more rows take the dense matmul in the Python loop
-        qkv: GemvLinear = first.qkv_proj
-        self.gemv_max_rows = qkv.gemv_max_rows
-        self.max_rows = GemvLinear.AMX_MAX_ROWS if qkv.amx is not None else qkv.gemv_max_rows
+        qkv = first.qkv_proj
+        self.kind = KINDS[_kind(qkv)[0]]
+        self.intermediate = layers[0].mlp.down_proj.in_features
+        if isinstance(qkv, GemvLinear):
+            # the rows the GEMV kernel takes, then AMX (when present); more rows take the dense matmul
+            # in the Python loop
+            self.gemv_max_rows = qkv.gemv_max_rows
+            self.max_rows = GemvLinear.AMX_MAX_ROWS if qkv.amx is not None else qkv.gemv_max_rows
+        else:  # the quantised GEMV kernels take up to QuantLinear.GEMV_MAX_ROWS rows
+            self.gemv_max_rows = self.max_rows = QuantLinear.GEMV_MAX_ROWS
+        empty = torch.empty(0)
+        self.quant: list[torch.Tensor] = []
         self.n_heads, self.n_kv_heads = first.n_heads, first.n_kv_heads
         self.scale = first.head_dim ** -0.5
         self.cos, self.sin = model.rotary.cos_cached, model.rotary.sin_cached  # [max_positions, Dh] float32
@@ -42,22 +66,28 @@ class DecodeLayers:
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
-            self.weights += [attn.qkv_proj.weight, attn.q_norm.weight, attn.k_norm.weight, attn.o_proj.weight,
-                             layer.post_attention_layernorm.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
-                             nxt.weight]
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if self.kind == KINDS["bf16"]:
+                qkv_w, o_w, gu_w, down_w = (m.weight for m in linears)
+            else:  # the op reads the quantised tensors; these slots are not read
+                qkv_w = o_w = gu_w = down_w = empty
+                for m in linears:
+                    b = m._buffers
+                    self.quant += [b["qweight"], b["scales"], b["mins"] if b["mins"] is not None else empty]
+            self.weights += [qkv_w, attn.q_norm.weight, attn.k_norm.weight, o_w,
+                             layer.post_attention_layernorm.weight, gu_w, down_w, nxt.weight]
             self.eps += [attn.q_norm.eps, layer.post_attention_layernorm.eps, nxt.eps]
 
     @staticmethod
     def supports(model: Qwen3Model) -> bool:
-        """Every layer with fused q/k/v and gate/up, all four linears bias-free GemvLinears that
-        choose their kernels alike."""
+        """Every layer with fused q/k/v and gate/up, all four linears of one kind the op runs
+        (bias-free GemvLinears, or bias-free QuantLinears of one method on their kernels), choosing
+        their kernels alike."""
         kinds = set()
         for layer in model.layers:
             linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            if not all(isinstance(m, GemvLinear) and m.bias is None for m in linears):
-                return False
-            kinds |= {(m.gemv_max_rows, m.amx is not None) for m in linears}
-        return len(kinds) == 1
+            kinds |= {_kind(m) for m in linears}
+        return len(kinds) == 1 and None not in kinds
 
     def __call__(
         self, residual: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, step: DecodeOnlyStep
@@ -65,4 +95,4 @@ class DecodeLayers:
         """residual, h: [T, hidden] (residual updated in place) -> the final normed hidden [T, hidden]."""
         return self.op(residual, h, positions, step.slot_mapping, step.block_tables, step.seq_lens, self.weights,
                        step.k_pools, step.v_pools, self.cos, self.sin, self.n_heads, self.n_kv_heads, self.eps,
-                       self.scale, self.gemv_max_rows)
+                       self.scale, self.gemv_max_rows, self.kind, self.quant, self.intermediate)

@@ -235,4 +235,6 @@ def dequantized_reference(model: nn.Module, method: str) -> nn.Module:
             if module.method != method:
                 raise ValueError(f"the model is already quantised to {module.method}, not {method}")
             module.use_reference()
+        if getattr(module, "fused_plan", None) is not None:
+            module.fused_plan = None  # rebuilt at the next forward: the decode layers op no longer applies
     return ref
