@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--version", action="append", required=True, metavar="LABEL=SRC_DIR",
                     help="a swiftlm source tree (the directory holding the swiftlm package)")
+    ap.add_argument("--quantization", choices=["int8", "int4"], help="load every swiftlm version quantised")
     ap.add_argument("--llama-gguf", help="also run llama.cpp (flash attention on) on this GGUF")
     ap.add_argument("--llama-python", default="/work/peers-venv/bin/python")
     ap.add_argument("--prompt", type=int, default=32)
@@ -38,10 +39,12 @@ def main() -> None:
         label, _, src = spec.partition("=")
         src_dir = Path(src).resolve()
         cmd = ["env", f"PYTHONPATH={src_dir}", sys.executable, str(WORKER), "swiftlm", args.model]
+        if args.quantization:
+            cmd += ["--quantization", args.quantization]
         workers.append(Worker(label, cmd, 2.0))
     if args.llama_gguf:
-        workers.append(Worker("llama.cpp BF16 fa", [args.llama_python, str(WORKER), "llama", args.llama_gguf,
-                                                    "--flash-attn"], 2.0))
+        workers.append(Worker(f"llama.cpp {Path(args.llama_gguf).stem} fa", [args.llama_python, str(WORKER), "llama",
+                                                                             args.llama_gguf, "--flash-attn"], 2.0))
     decode: dict[str, list[float]] = {w.label: [] for w in workers}
     ttft: dict[str, list[float]] = {w.label: [] for w in workers}
     rng = random.Random(0)
