@@ -1,8 +1,9 @@
-// Every decoder layer of a bf16 decode step in one call (op torch.ops.swiftlm_decode.decode_layers).
+// Every decoder layer of a decode step in one call (op torch.ops.swiftlm_decode.decode_layers), for
+// bf16 activations with bf16, int8 or int4 weights.
 //
 // The same sequence of steps as model/fused_forward.py runs from Python, in the same order and with
-// the same code (bf16_gemv.h, amx_linear.h, fused_rows.h, the paged attention op), so the results are bit for bit
-// the same:
+// the same code (bf16_gemv.h, amx_linear.h, fused_rows.h, the paged attention and quantised GEMV
+// ops), so the results are bit for bit the same:
 //
 //   for each layer:  qkv = linear(h, W_qkv);  q, k = qk_norm_rope(qkv)
 //                    k, v -> the layer's KV pools at slot_mapping
@@ -10,8 +11,9 @@
 //                    h = add_rms_norm_(residual, linear(a, W_o))
 //                    h = add_rms_norm_(residual, linear(silu_mul(linear(h, W_gate_up)), W_down))
 //
-// linear: the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows, the AMX kernel (amx_linear.h)
-// above, as GemvLinear chooses.
+// linear: bf16 weights, the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows and the AMX kernel
+// (amx_linear.h) above, as GemvLinear chooses; int8 / int4 weights, the quantised GEMV ops
+// (quant_cpu.cpp), as QuantLinear does up to its GEMV_MAX_ROWS.
 //
 // Why: a decode step streams ~1.2 GB of weights through the caches, which evicts everything else
 // on the way, including the Python interpreter's own working set and torch's dispatcher and
@@ -19,7 +21,8 @@
 // VM, a residual add + RMSNorm takes 3-4 us on its own and 30-40 us right after a GEMV from Python
 // (the same after any large read, and with one thread), 18 us through the dispatcher from C++, and
 // 6 us as the direct call below. Here the steps between the GEMVs are plain function calls into
-// buffers allocated once per step; only the attention goes through the dispatcher.
+// buffers allocated once per step; only the attention and the quantised GEMVs go through the
+// dispatcher.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>

@@ -1,4 +1,5 @@
-"""Every decoder layer of a bf16 decode step in one C++ call (``decode_cpu.cpp``).
+"""Every decoder layer of a decode step (bf16 activations; bf16, int8 or int4 weights) in one C++
+call (``decode_cpu.cpp``).
 
 ``load_decode_layers()`` returns the op ``decode_layers`` (schema in the source), or ``None`` when
 it or one of the kernels it calls (bf16 GEMV, fused ops, paged attention) cannot run here; callers
