@@ -12,6 +12,7 @@ from swiftlm.kernels.amx_linear_cpu import MAX_ROWS, REQUIRED_CPU_FLAGS, load_am
 from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
 from swiftlm.model.cpu_linear import GemvLinear
 from swiftlm.platform import cpu_flags
+from tests.helpers.bf16_sums import check_against_float64
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +25,6 @@ def amx():
     return op
 
 
-def _check_against_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """y must be the float64 result rounded to bf16, up to float32 summation error: within one
-    bf16 rounding step (2^-8 relative) plus K * 2^-24 of the sum of |products|."""
-    exact = x.double() @ w.double().T
-    magnitude = x.double().abs() @ w.double().abs().T
-    bound = exact.abs() * 2.0**-8 + magnitude * x.shape[1] * 2.0**-24 + 1e-30
-    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
-    assert ((y.double() - exact).abs() <= bound).all()
-
-
 # rows: one and two batch tiles, full and partial; n: whole and partial pairs of 16-row weight blocks
 @pytest.mark.parametrize("m", [1, 7, 15, 16, 17, 31, 32])
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
@@ -42,7 +33,7 @@ def test_amx_matches_float64(amx, m: int, n: int, k: int) -> None:
     x = torch.randn(m, k, generator=g).bfloat16()
     w = torch.randn(n, k, generator=g).bfloat16()
     y = amx(x, w)
-    _check_against_float64(y, x, w)
+    check_against_float64(y, x, w)
     assert (y == F.linear(x, w)).float().mean() > 0.9
 
 

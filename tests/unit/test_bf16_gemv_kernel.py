@@ -10,6 +10,7 @@ from torch import nn
 from swiftlm.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS, load_bf16_gemv
 from swiftlm.model.cpu_linear import GemvLinear, use_gemv
 from swiftlm.platform import cpu_flags
+from tests.helpers.bf16_sums import check_against_float64
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +29,6 @@ def test_kernel_loads_on_avx512_bf16_machines() -> None:
     assert load_bf16_gemv() is not None
 
 
-def _check_against_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """y must be the float64 result rounded to bf16, up to float32 summation error: within one
-    bf16 rounding step (2^-8 relative) plus K * 2^-24 of the sum of |products|."""
-    exact = x.double() @ w.double().T
-    magnitude = x.double().abs() @ w.double().abs().T
-    bound = exact.abs() * 2.0**-8 + magnitude * x.shape[1] * 2.0**-24 + 1e-30
-    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
-    assert ((y.double() - exact).abs() <= bound).all()
-
-
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9])  # passes of 4 rows and every remainder
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
 def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
@@ -45,7 +36,7 @@ def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
     x = torch.randn(m, k, generator=g).bfloat16()
     w = torch.randn(n, k, generator=g).bfloat16()
     y = gemv(x, w)
-    _check_against_float64(y, x, w)
+    check_against_float64(y, x, w)
     # and agrees with F.linear almost everywhere (both are float32 sums rounded once to bf16)
     assert (y == F.linear(x, w)).float().mean() > 0.9
 

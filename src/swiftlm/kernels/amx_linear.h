@@ -27,6 +27,8 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_gemv.h"  // to_bf16_bits: the same rounding as the GEMV
+
 namespace swiftlm_amx {
 
 constexpr int64_t kBlock = 16;        // weight rows per A tile, batch rows per B tile
@@ -58,13 +60,6 @@ inline void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-inline uint16_t to_bf16_bits(float f) {  // round to nearest even, NaN -> 0x7FC0 (as c10::BFloat16)
-  uint32_t i;
-  std::memcpy(&i, &f, 4);
-  if ((i & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((i + 0x7FFFu + ((i >> 16) & 1u)) >> 16);
-}
-
 // x [m, k] -> B tiles: xt[(kb * mb + b) * 512 + r * 32 + c * 2 + j] = x[b * 16 + c, kb * 32 + 2 r + j]
 // (zero past row m), for kb < k / 32 and b < mb. The 32 values of a row in one tile's k range are 16
 // pairs, i.e. 16 dwords, that go down column c of the tile: one load and one scatter.
@@ -84,7 +79,7 @@ inline void pack_activations(const uint16_t* x, int64_t m, int64_t k, int64_t mb
 inline void write_block(const float* c, int64_t batch0, int64_t m, int64_t n0, int64_t n_valid, int64_t n,
                         uint16_t* out) {
   for (int64_t bc = 0; bc < kBlock && batch0 + bc < m; ++bc)
-    for (int64_t i = 0; i < n_valid; ++i) out[(batch0 + bc) * n + n0 + i] = to_bf16_bits(c[i * kBlock + bc]);
+    for (int64_t i = 0; i < n_valid; ++i) out[(batch0 + bc) * n + n0 + i] = swiftlm_gemv::to_bf16_bits(c[i * kBlock + bc]);
 }
 
 template <int MB>  // batch blocks of 16 rows: 1 or 2

@@ -110,10 +110,11 @@ class PagedAttention:
     def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None) -> None:
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
+        self._pools = kv_cache.pools()  # fixed for the cache's life: every layer's K and V pools
 
     def bind(self, meta: AttentionMetadata) -> BoundPagedAttention:
         decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel) if meta.decode_rows else None
-        return BoundPagedAttention(self.kv_cache, meta, decode)
+        return BoundPagedAttention(self.kv_cache, meta, decode, self._pools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +134,14 @@ class BoundPagedAttention:
 
     __slots__ = ("kv_cache", "meta", "decode", "decode_only")
 
-    def __init__(self, kv_cache: KVCache, meta: AttentionMetadata, decode: _DecodeBatch | None) -> None:
+    def __init__(
+        self, kv_cache: KVCache, meta: AttentionMetadata, decode: _DecodeBatch | None,
+        pools: tuple[list[torch.Tensor], list[torch.Tensor]],
+    ) -> None:
         self.kv_cache, self.meta, self.decode = kv_cache, meta, decode
         self.decode_only: DecodeOnlyStep | None = None
         if decode is not None and decode.whole_batch and decode.kernel is not None:
-            k_pools, v_pools = kv_cache.pools()
+            k_pools, v_pools = pools
             self.decode_only = DecodeOnlyStep(meta.slot_mapping, decode.block_tables, decode.seq_lens, k_pools, v_pools)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
