@@ -25,8 +25,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from swiftlm.kernels.quant_cpu import load_quant_kernels
-from swiftlm.model.quant import INT4_GROUP, QuantLinear, quantize_weight_int4, quantize_weight_int8
+from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
+from swiftlm.backends.cpu.limits import QUANT_GEMV_ROWS
+from swiftlm.backends.quant import INT4_GROUP, QuantLinear, quantize_weight_int4, quantize_weight_int8
 
 HIDDEN, INTERMEDIATE, Q_SIZE, KV_SIZE, VOCAB = 1024, 3072, 2048, 1024, 151936
 LAYER = [(Q_SIZE, HIDDEN), (KV_SIZE, HIDDEN), (KV_SIZE, HIDDEN), (HIDDEN, Q_SIZE),
@@ -54,11 +55,11 @@ def random_quant_linear(method: str, n: int, k: int, kernels) -> QuantLinear:
     tiles = -(-n // 16)
     if method == "int8":
         return QuantLinear("int8", k, n, torch.randint(1, 256, (tiles, k // 4, 64), dtype=torch.uint8),
-                           torch.rand(n) * 1e-3, kernels=kernels)
+                           torch.rand(n) * 1e-3, kernels=kernels, kernel_max_rows=QUANT_GEMV_ROWS)
     groups = k // INT4_GROUP
     return QuantLinear("int4", k, n, torch.randint(0, 256, (tiles, k // 32, 4, 64), dtype=torch.uint8),
                        (torch.rand(tiles, groups, 16) * 1e-2).half(), (torch.rand(tiles, groups, 16) * -0.1).half(),
-                       kernels=kernels)
+                       kernels=kernels, kernel_max_rows=QUANT_GEMV_ROWS)
 
 
 def build_ways(shapes: list[tuple[int, int]], kernels) -> dict[str, tuple[Callable[[dict], None], int]]:

@@ -24,6 +24,7 @@ import uvicorn
 
 from swiftlm import SamplingParams
 from swiftlm.config import ServerConfig
+from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.llm import engine_config
@@ -62,7 +63,8 @@ def main() -> None:
     counter = iter(range(10**9))
 
     async def direct() -> str:
-        out = await engine.submit(f"direct-{next(counter)}", ids, params, final_only=True).final()
+        request = GenerationRequest(f"direct-{next(counter)}", ids, params, final_only=True)
+        out = await engine.submit(request).final()
         return out.outputs[0].text
 
     client = httpx.Client(timeout=120)

@@ -7,8 +7,8 @@ For every position of every sequence: KL(bf16 || quantised) of the softmax distr
 whether the argmax agrees. The same numbers for float32 against bf16 show how sensitive the model
 is to rounding at all (random networks are: their logits are nearly flat). With random weights this is a numerical check of the quantisers and
 kernels (how far their outputs move), not a statement about the quality of a trained model.
-Each model runs the engine's own transformations (``prepare_model``: fused projections, the
-quantised linears with their kernels, the fused ops) over a dense attention.
+Each model runs the CPU backend's own transformations (``CpuBackend.prepare``: fused projections,
+the quantised linears with their kernels) over a dense attention.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import json
 
 import torch
 
-from swiftlm.config import EngineConfig
-from swiftlm.engine.engine import prepare_model
+from swiftlm.backends.attention import DenseAttention
+from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.model.loader import load_model
-from swiftlm.runner.attention import DenseAttention
 
 
 @torch.inference_mode()
@@ -50,7 +49,7 @@ def main() -> None:
     # float32 first as a yardstick: how far bf16 rounding alone moves this model's distributions
     for dtype, method in (("bfloat16", None), ("float32", None), ("bfloat16", "int8"), ("bfloat16", "int4")):
         model = load_model(args.model, dtype)
-        prepare_model(model, EngineConfig(model=args.model, dtype=dtype, quantization=method))
+        CpuBackend().prepare(model, method)
         method = method or dtype
         logits = logits_for(model, sequences)
         del model

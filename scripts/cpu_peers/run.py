@@ -46,8 +46,9 @@ class Worker:
         ready = self._read()
         self.load_s = ready["load_s"]
 
-    def run(self, prompt: list[int], decode: int) -> dict:
-        self.proc.stdin.write(json.dumps({"prompt": prompt, "decode": decode}) + "\n")
+    def run(self, prompt: list[int], decode: int, batch: int = 0) -> dict:
+        request = {"prompt": prompt, "decode": decode} | ({"batch": batch} if batch else {})
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()
 

@@ -6,7 +6,9 @@
 
 It loads the model once, prints {"ready": true, "load_s": ...}, then answers each request line
 {"prompt": [token ids], "decode": D} with {"ttft_s": ..., "decode_tok_s": ...}: greedy, single
-request, TTFT = prompt in to first token sampled, decode = the next D tokens one at a time.
+request, TTFT = prompt in to first token sampled, decode = the next D tokens one at a time. A request
+with ``"batch": B`` (swiftlm only) also answers ``batch_decode_tok_s``: B prompts decoded together,
+the generated tokens after the first of each per second (the time of B first tokens subtracted).
 Runs under the project's venv (swiftlm, hf) or the llama-cpp-python venv (llama): only that
 engine's package is imported.
 """
@@ -38,6 +40,20 @@ def swiftlm_engine(args: argparse.Namespace):
                 t_first = time.perf_counter()
         return t_first - t0, decode / (time.perf_counter() - t_first)
 
+    def run_batch(prompt: list[int], decode: int, batch: int) -> float:
+        # B distinct prompts of the same length (no prefix sharing), all admitted in the first step
+        prompts = [{"prompt_token_ids": [(t + 7919 * i) % 150000 for t in prompt]} for i in range(batch)]
+
+        def timed(max_tokens: int) -> float:
+            t0 = time.perf_counter()
+            llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                         use_tqdm=False)
+            return time.perf_counter() - t0
+
+        first = timed(1)
+        return batch * decode / (timed(decode + 1) - first)
+
+    run.batch = run_batch
     return run
 
 
@@ -111,7 +127,10 @@ def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         ttft, decode_tok_s = run(request["prompt"], request["decode"])
-        print(json.dumps({"ttft_s": ttft, "decode_tok_s": decode_tok_s}), flush=True)
+        answer = {"ttft_s": ttft, "decode_tok_s": decode_tok_s}
+        if request.get("batch"):
+            answer["batch_decode_tok_s"] = run.batch(request["prompt"], request["decode"], request["batch"])
+        print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,7 @@ def _load(args: argparse.Namespace, plain: bool = False) -> tuple[Any, float]:
     else:
         extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=1, **extra)
+        print(llm.engine.backend.describe(), file=sys.stderr)  # the device plan, once at start
     return llm, time.perf_counter() - start
 
 
@@ -281,16 +282,19 @@ class _TurnPrinter:
             self.out.flush()
 
 
-def _chat_turn(llm: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any], params: SamplingParams) -> str:
+def _chat_turn(
+    llm: Any, messages: list[dict[str, Any]], enable_thinking: bool | None, params: SamplingParams
+) -> str:
     """Stream one assistant turn to stdout, stats to stderr; return the answer (content only).
 
     The turn runs in the chat's session, and is recorded with it, so the next turn's prompt
-    extends the real token stream and reuses its KV.
+    extends the real token stream and reuses its KV. ``enable_thinking`` is the top-level
+    switch of ``resolve_thinking`` (None: not asked).
     """
-    from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+    from swiftlm.core.outputs import CompletionOutput, RequestOutput
     from swiftlm.text.reasoning import ReasoningStreamParser
 
-    prompt = llm.chat_prompt(messages, template_kwargs, session_id=CHAT_SESSION_ID)
+    prompt = llm.chat_prompt(messages, session_id=CHAT_SESSION_ID, enable_thinking=enable_thinking)
     parser = ReasoningStreamParser(thinking=prompt["thinking"])
     printer = _TurnPrinter(sys.stdout)
     timer = _Timer()
@@ -328,7 +332,7 @@ def _chat_turn(llm: Any, messages: list[dict[str, Any]], template_kwargs: dict[s
 def _run_chat(args: argparse.Namespace) -> int:
     llm, load_s = _load(args)
     params = _sampling_params(llm, args, thinking_budget=args.thinking_budget)
-    template_kwargs = {"enable_thinking": not args.no_think}
+    enable_thinking = False if args.no_think else None
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     interactive = sys.stdin.isatty()
@@ -350,7 +354,7 @@ def _run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            answer = _chat_turn(llm, messages, template_kwargs, params)
+            answer = _chat_turn(llm, messages, enable_thinking, params)
         except ValueError as exc:  # e.g. the conversation no longer fits the context window
             messages.pop()
             print(f"error: {exc}", file=sys.stderr)

@@ -141,7 +141,9 @@ class EngineConfig:
     # does not run (then the packed copy replaces the weight); True = also next to the kernel's weight
     # (faster multi-row matmuls, twice the memory); False = never
     cpu_prepack: bool | None = None
-    cpu_kernels: bool = True  # swiftlm's compiled CPU kernels when they build here (else torch)
+    cpu_kernels: bool = True  # the CPU backend with swiftlm's compiled kernels (False: the plain torch backend)
+    # CPU kernels to leave out on purpose (names in backends/cpu/ops.py KERNELS: "amx", "decode_layers", ...)
+    cpu_disable_kernels: tuple[str, ...] = ()
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

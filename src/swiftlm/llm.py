@@ -8,9 +8,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from swiftlm.backends import Backend
 from swiftlm.config import CacheConfig, EngineConfig, SchedulerConfig
+from swiftlm.core.generation import GenerationRequest, resolve_thinking
+from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
-from swiftlm.engine.outputs import CompletionOutput, RequestOutput
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.reasoning import split_reasoning
 from swiftlm.text.session_prompt import SessionPrompts
@@ -23,7 +25,8 @@ _PROGRESS_MIN = 16  # show a progress bar from this many prompts on
 
 def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs: Any) -> EngineConfig:
     """Split flat keyword arguments (vLLM style) into the engine's config dataclasses."""
-    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization", "cpu_prepack", "cpu_kernels"}
+    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization", "cpu_prepack", "cpu_kernels",
+                                                         "cpu_disable_kernels"}
     if unknown:
         raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
     cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in _CACHE_KEYS})
@@ -33,6 +36,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         model=model, dtype=dtype, device=device, seed=kwargs.get("seed", 0),
         quantization=None if quantization in (None, "none") else quantization,
         cpu_prepack=kwargs.get("cpu_prepack"), cpu_kernels=kwargs.get("cpu_kernels", True),
+        cpu_disable_kernels=tuple(kwargs.get("cpu_disable_kernels", ())),
         cache=cache, scheduler=sched,
     )
 
@@ -44,10 +48,13 @@ class LLM:
     ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_blocks``.
     """
 
-    def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", **engine_kwargs: Any) -> None:
-        self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs))
+    def __init__(
+        self, model: str, dtype: str = "auto", device: str = "cpu", backend: Backend | None = None, **engine_kwargs: Any
+    ) -> None:
+        """``backend``: a device backend built by the caller (default: chosen from the config)."""
+        self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs), backend)
         self.tokenizer = self.engine.tokenizer
-        self._session_prompts = SessionPrompts(self.tokenizer)
+        self._session_prompts = SessionPrompts(self.tokenizer, self.engine.session_tokens)
         self._ids = count()
 
     def default_sampling_params(self) -> SamplingParams:
@@ -69,12 +76,9 @@ class LLM:
             params_list = list(sampling_params)
         ids = []
         for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
-            text, token_ids = self._prompt_ids(prompt)
-            rid = str(next(self._ids))
-            session = session_ids[i] if session_ids else None
-            thinking = bool(prompt.get("thinking")) if isinstance(prompt, dict) else False
-            self.engine.add_request(rid, token_ids, params, session_id=session, prompt=text, thinking=thinking)
-            ids.append(rid)
+            request = self._request(prompt, params, session_ids[i] if session_ids else None, stream=False)
+            self.engine.add_request(request)
+            ids.append(request.request_id)
         return self._run(ids, use_tqdm if use_tqdm is not None else len(ids) >= _PROGRESS_MIN)
 
     def chat(
@@ -84,8 +88,13 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         session_id: str | None = None,
+        *,
+        enable_thinking: bool | None = None,
     ) -> RequestOutput:
-        prompt = self.chat_prompt(messages, chat_template_kwargs, tools, session_id)
+        """One chat turn; thinking as in ``chat_prompt``."""
+        prompt = self.chat_prompt(
+            messages, chat_template_kwargs, tools, session_id, enable_thinking=enable_thinking
+        )
         out = self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
         if session_id is not None:
             self.record_turn(session_id, messages, prompt, out, tools)
@@ -114,11 +123,10 @@ class LLM:
 
         A dict prompt may carry ``"thinking": True`` when it opens a reasoning section.
         """
-        text, token_ids = self._prompt_ids(prompt)
-        rid = str(next(self._ids))
-        thinking = bool(prompt.get("thinking")) if isinstance(prompt, dict) else False
         params = sampling_params or self.default_sampling_params()
-        self.engine.add_request(rid, token_ids, params, session_id=session_id, prompt=text, thinking=thinking)
+        request = self._request(prompt, params, session_id, stream=True)
+        rid = request.request_id
+        self.engine.add_request(request)
         try:
             while True:
                 for out in self.engine.step():
@@ -135,16 +143,41 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
         session_id: str | None = None,
+        *,
+        enable_thinking: bool | None = None,
     ) -> dict[str, Any]:
         """The prompt ``chat`` sends: text, token ids (extending the session's real token stream
-        when there is one, see ``swiftlm.text.session_prompt``) and whether it opens thinking."""
-        kwargs = dict(chat_template_kwargs or {})
+        when there is one, see ``swiftlm.text.session_prompt``) and ``thinking``, whether it opens a
+        reasoning section: ``resolve_thinking`` of ``enable_thinking`` (the top-level switch) and
+        ``chat_template_kwargs["enable_thinking"]``; the template renders with the result."""
+        thinking = resolve_thinking(
+            enable_thinking=enable_thinking,
+            template_kwargs=chat_template_kwargs,
+            can_think=self.tokenizer.think_end_id is not None,
+        )
+        kwargs = {**(chat_template_kwargs or {}), "enable_thinking": thinking}
         text, ids = self._session_prompts.prompt(session_id, messages, kwargs, tools)
-        return {"prompt": text, "prompt_token_ids": ids, "thinking": kwargs.get("enable_thinking", True) is not False}
+        return {"prompt": text, "prompt_token_ids": ids, "thinking": thinking}
 
     def close_session(self, session_id: str) -> bool:
         self._session_prompts.forget(session_id)
         return self.engine.close_session(session_id)
+
+    def _request(
+        self, prompt: Prompt, params: SamplingParams, session_id: str | None, stream: bool
+    ) -> GenerationRequest:
+        """The engine request for one prompt. ``thinking`` is carried by a dict prompt (as
+        ``chat_prompt`` resolved it); a plain text or token prompt opens no reasoning section."""
+        text, token_ids = self._prompt_ids(prompt)
+        return GenerationRequest(
+            request_id=str(next(self._ids)),
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            prompt=text,
+            thinking=bool(prompt.get("thinking")) if isinstance(prompt, dict) else False,
+            session_id=session_id,
+            stream=stream,
+        )
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+from swiftlm.backends.attention import DenseAttention
+from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.model.loader import load_model, resolve_model_dir
 from swiftlm.platform import resolve_dtype
-from swiftlm.runner.attention import DenseAttention
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.detokenizer import IncrementalDetokenizer
 from swiftlm.text.tokenizer import Tokenizer

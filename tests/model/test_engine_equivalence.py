@@ -165,7 +165,7 @@ def test_bf16_kernel_path_as_accurate_as_torch_path(tiny_tied_dir: Path, tiny_un
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     truth = run(LLM(path, dtype="float32", cpu_kernels=False, cpu_prepack=False), prompts, params)
     fast = LLM(path, dtype="bfloat16")
-    assert fast.engine.model.model.fused_ops is not None
+    assert fast.engine.backend.step_plan is not None
     fast_share = _share_before_divergence(run(fast, prompts, params), truth)
     torch_path = LLM(path, dtype="bfloat16", cpu_kernels=False, cpu_prepack=False)
     torch_share = _share_before_divergence(run(torch_path, prompts, params), truth)

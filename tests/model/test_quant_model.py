@@ -10,10 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from swiftlm.backends.attention import DenseAttention
+from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
+from swiftlm.backends.cpu.limits import QUANT_GEMV_ROWS
+from swiftlm.backends.quant import QuantLinear, dequantized_reference, quantize
 from swiftlm.model.loader import load_model
-from swiftlm.model.quant import QuantLinear, dequantized_reference, quantize
 from swiftlm.platform import cpu_flags
-from swiftlm.runner.attention import DenseAttention
 
 PROMPT_LENGTHS = (1, 7, 64, 65, 90)  # <= 64 tokens: GEMV kernels in prefill too; more: dequantise + matmul
 STEPS = 6
@@ -51,13 +53,18 @@ def greedy(model: nn.Module, prompt: list[int], steps: int) -> tuple[list[int], 
     return tokens, torch.cat(logits_seen)
 
 
+def kernel_quantize(model: nn.Module, method: str) -> nn.Module:
+    """``quantize`` as the CPU backend does it: on the VNNI kernels where they load."""
+    return quantize(model, method, load_quant_kernels(), QUANT_GEMV_ROWS)
+
+
 def quant_layers(model: nn.Module) -> list[QuantLinear]:
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_kernel_path_greedy_equals_reference(tiny_model_dir: Path, method: str) -> None:
-    model = quantize(float_model(tiny_model_dir), method)
+    model = kernel_quantize(float_model(tiny_model_dir), method)
     layers = quant_layers(model)
     assert len(layers) == 7 * model.config.num_hidden_layers + 1
     if "avx512_vnni" in cpu_flags():
@@ -80,7 +87,7 @@ def test_kernel_path_greedy_equals_reference(tiny_model_dir: Path, method: str) 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_torch_fallback_greedy_equals_reference(tiny_tied_dir: Path, method: str) -> None:
-    model = quantize(float_model(tiny_tied_dir), method, use_kernels=False)
+    model = quantize(float_model(tiny_tied_dir), method)
     assert all(layer.kernels is None for layer in quant_layers(model))
     ref = dequantized_reference(float_model(tiny_tied_dir), method)
     for length in (3, 20):
@@ -91,7 +98,7 @@ def test_torch_fallback_greedy_equals_reference(tiny_tied_dir: Path, method: str
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_quantised_model_stays_close_to_float(tiny_model_dir: Path, method: str) -> None:
     reference = float_model(tiny_model_dir)
-    model = quantize(float_model(tiny_model_dir), method)
+    model = kernel_quantize(float_model(tiny_model_dir), method)
     prompt = random_prompt(30, seed=7)
     _, want = greedy(reference, prompt, 1)
     _, got = greedy(model, prompt, 1)
@@ -103,7 +110,7 @@ def test_quantised_model_stays_close_to_float(tiny_model_dir: Path, method: str)
 def test_tied_head_is_quantised_separately_from_the_embedding(tiny_tied_dir: Path) -> None:
     model = float_model(tiny_tied_dir)
     embedding = model.model.embed_tokens.weight.detach().clone()
-    quantize(model, "int4")
+    kernel_quantize(model, "int4")
     assert isinstance(model.lm_head, QuantLinear)
     assert isinstance(model.model.embed_tokens, nn.Embedding)
     assert torch.equal(model.model.embed_tokens.weight, embedding)
@@ -115,6 +122,6 @@ def test_tied_head_is_quantised_separately_from_the_embedding(tiny_tied_dir: Pat
 
 
 def test_bfloat16_model_runs_on_both_paths(tiny_untied_dir: Path) -> None:
-    model = quantize(load_model(tiny_untied_dir, "bfloat16"), "int8")
+    model = kernel_quantize(load_model(tiny_untied_dir, "bfloat16"), "int8")
     tokens, logits = greedy(model, random_prompt(70, seed=9), 4)  # dense prefill, GEMV decode
     assert logits.dtype == torch.float32 and bool(torch.isfinite(logits).all()) and len(tokens) == 4

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from swiftlm import SamplingParams
+from swiftlm.backends.attention import DenseAttention
 from swiftlm.model.loader import load_model
 from swiftlm.plain import PlainLLM
-from swiftlm.runner.attention import DenseAttention
+from tests.helpers.hf_reference import hf_greedy, hf_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,24 +21,6 @@ PROMPT_LENGTHS = (1, 17, 128, 300)
 def random_prompt(length: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 151643, (length,), generator=g).tolist()
-
-
-def hf_model(model_dir: Path, dtype: torch.dtype):
-    model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
-
-
-@torch.inference_mode()
-def hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy decoding with HF's own KV cache; returns tokens and each step's log-softmax."""
-    out = model(torch.tensor([prompt]), use_cache=True)
-    tokens, logprobs = [], []
-    for _ in range(steps):
-        logits = out.logits[0, -1].float()
-        logprobs.append(torch.log_softmax(logits, dim=-1))
-        tokens.append(int(torch.argmax(logits)))
-        out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-    return tokens, logprobs
 
 
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)

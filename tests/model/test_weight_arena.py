@@ -8,13 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from swiftlm.config import EngineConfig
-from swiftlm.engine.engine import prepare_model
-from swiftlm.host_memory import HUGE_PAGE
-from swiftlm.model.fuse import fuse_projections
+from swiftlm.backends.attention import DenseAttention
+from swiftlm.backends.cpu.backend import CpuBackend
+from swiftlm.backends.cpu.host_memory import HUGE_PAGE
+from swiftlm.backends.cpu.weight_arena import ALIGN, place_weights_in_arena, streaming_order
+from swiftlm.backends.fuse import fuse_projections
 from swiftlm.model.loader import load_model
-from swiftlm.model.weight_arena import ALIGN, place_weights_in_arena, streaming_order
-from swiftlm.runner.attention import DenseAttention
 
 PROMPT = [11, 2003, 57, 9000, 123, 42, 7, 150000, 64, 3]
 
@@ -61,27 +60,24 @@ def test_arena_keeps_outputs_and_ties(tiny_model_dir: Path, dtype: str) -> None:
     model = fuse_projections(load_model(tiny_model_dir, dtype))
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     want = logits_of(model)
-    size = place_weights_in_arena(model)
-    check_layout(model, size)
+    arena = place_weights_in_arena(model)
+    check_layout(model, arena.numel())
+    assert place_weights_in_arena(model, arena) is arena  # already in place: nothing copied
     assert isinstance(model.model.embed_tokens.weight, nn.Parameter)
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
     assert torch.equal(logits_of(model), want)
 
 
 @pytest.mark.parametrize("quantization", [None, "int8", "int4"])
-def test_engine_preparation_puts_every_streamed_weight_in_the_arena(
-    tiny_model_dir: Path, quantization: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine's own transformations (GEMV layers, quantised layers) end in one arena and give
+def test_cpu_backend_puts_every_streamed_weight_in_the_arena(tiny_model_dir: Path, quantization: str | None) -> None:
+    """The CPU backend's transformations (GEMV layers, quantised layers) end in one arena and give
     the same logits as the same transformations without it."""
-    config = EngineConfig(model=str(tiny_model_dir), dtype="bfloat16", quantization=quantization)
+    backend = CpuBackend()
     model = load_model(tiny_model_dir, "bfloat16")
-    prepare_model(model, config)
-    check_layout(model, streamed(model)[0].untyped_storage().nbytes())  # an upper bound here
-    with monkeypatch.context() as m:
-        m.setattr("swiftlm.engine.engine.place_weights_in_arena", lambda model: 0)
-        without = load_model(tiny_model_dir, "bfloat16")
-        prepare_model(without, config)
+    backend.prepare(model, quantization)
+    check_layout(model, backend.weight_arena.numel())
+    without = load_model(tiny_model_dir, "bfloat16")
+    CpuBackend(kernels=backend.kernels, place_weights=False).prepare(without, quantization)
     assert len({t.untyped_storage().data_ptr() for t in streamed(without)}) > 1
     assert torch.equal(logits_of(model), logits_of(without))
 
@@ -89,7 +85,7 @@ def test_engine_preparation_puts_every_streamed_weight_in_the_arena(
 def test_fusing_weights_that_lie_back_to_back_makes_a_view() -> None:
     """q/k/v (and gate/up) placed back to back in one buffer fuse without a copy; anything else
     (a gap, another buffer) is concatenated; both give the same fused weight."""
-    from swiftlm.model.fuse import _concat_linear
+    from swiftlm.backends.fuse import _concat_linear
 
     buf = torch.randn(4 * 8 + 2 * 8 + 8, 16)  # three weights of 4, 2 and 2 rows of 16, and spare rows
     parts = []

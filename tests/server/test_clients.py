@@ -56,13 +56,32 @@ def test_openai_sync(server, stream: bool) -> None:
         parts = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
         text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
         assert parts[-1].usage.completion_tokens == 4
-        assert parts[-1].usage.prompt_tokens_details.cached_tokens >= 0
     else:
         resp = client.chat.completions.create(**kwargs)
         text = resp.choices[0].message.content
         assert resp.choices[0].finish_reason == "stop"
         assert resp.usage.completion_tokens_details.reasoning_tokens == 0
     assert text == ANSWER
+
+
+def test_repeated_prompt_reports_its_cached_tokens(server) -> None:
+    """The second of two equal prompts reuses the whole KV blocks the first one left in the prefix
+    cache, and its usage counts those tokens: prompt[:P - 1] in whole blocks (the last prompt token
+    is computed again, for its logits)."""
+    client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")
+    block_size = server.run_in_engine(lambda engine: engine.kv.block_size)
+    content = "A prompt of a few KV blocks, sent twice: " + " ".join(f"word{i}" for i in range(40))
+    kwargs = dict(model=server.model, messages=[{"role": "user", "content": content}], temperature=0,
+                  extra_body={"enable_thinking": False})
+    first = client.chat.completions.create(**kwargs)
+    prompt_tokens = first.usage.prompt_tokens
+    assert prompt_tokens > 2 * block_size  # at least two whole blocks to reuse
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # no earlier prompt starts like this one
+    parts = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    usage = parts[-1].usage
+    assert usage.prompt_tokens == prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == (prompt_tokens - 1) // block_size * block_size
+    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == ANSWER
 
 
 def test_openai_async(server) -> None:

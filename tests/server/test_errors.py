@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -121,26 +122,49 @@ def test_api_key(start_server, scripted_model_dir) -> None:
 
 
 def test_overload_gives_429_with_retry_after(start_server, tiny_tied_dir) -> None:
-    srv = start_server(tiny_tied_dir, max_num_seqs=2, max_queued_requests=4)
-    body = {"messages": msg(), "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    """One running slot and one queue place: A holds the slot, B takes the place, C is refused
+    with 429; once A goes, B runs to the end."""
+    srv = start_server(tiny_tied_dir, max_num_seqs=1, max_queued_requests=1, max_model_len=4096)
+    url = srv.v1 + "/chat/completions"
+    # A: every token the word "Hello", streamed as content from the first (no reasoning section),
+    # and far more tokens than the test takes to send B and C
+    long = {"messages": msg(), "stream": True, "max_tokens": 4000, "ignore_eos": True, "logit_bias": {"9707": 100},
+            "enable_thinking": False}
+    short = {"messages": msg(), "max_tokens": 5, "ignore_eos": True, "temperature": 0}
 
-    async def main() -> list[httpx.Response]:
+    async def wait_until(condition, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting until {what}"
+            await asyncio.sleep(0.005)
+
+    async def main() -> tuple[int, int, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*(client.post(srv.v1 + "/chat/completions", json=body) for _ in range(20)))
+            async with client.stream("POST", url, json=long) as a:
+                # a streamed token (not the opening chunk, whose content is "") means A was admitted:
+                # it holds the only running slot
+                streamed = 0
+                async for line in a.aiter_lines():
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                        streamed += 1
+                        break
+                assert srv.engine.num_queued() == 0
+                b_task = asyncio.create_task(client.post(url, json=short))
+                await wait_until(lambda: srv.engine.num_queued() == 1, "B waits in the queue")
+                c = await client.post(url, json=short)
+                a_status = a.status_code
+            # leaving the block closes A's connection: the server aborts A and admits B
+            b = await b_task
+        return a_status, streamed, b, c
 
-    start = time.monotonic()
-    responses = asyncio.run(main())
-    elapsed = time.monotonic() - start
-    codes = [r.status_code for r in responses]
-    print(f"20 requests: {codes.count(200)} ok, {codes.count(429)} refused with 429 in {elapsed:.2f}s")
-    assert set(codes) == {200, 429}
-    for r in responses:
-        if r.status_code == 429:
-            assert_error(r, 429)
-            assert int(r.headers["Retry-After"]) >= 1
-        else:
-            assert r.json()["usage"]["completion_tokens"] == 40
+    a_status, streamed, b, c = asyncio.run(main())
+    assert a_status == 200 and streamed == 1
+    assert_error(c, 429)
+    assert int(c.headers["Retry-After"]) >= 1
+    assert b.status_code == 200, b.text
+    assert b.json()["usage"]["completion_tokens"] == 5
     srv.assert_no_leaks()
+    assert srv.engine.engine.stats().num_aborted == 1  # A, and nothing else
 
 
 def test_queue_wait_timeout_is_503(start_server, tiny_tied_dir) -> None:

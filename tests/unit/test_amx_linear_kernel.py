@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftlm.kernels.amx_linear_cpu import MAX_ROWS, REQUIRED_CPU_FLAGS, load_amx_linear
-from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
-from swiftlm.model.cpu_linear import GemvLinear
+from swiftlm.backends.cpu.kernels.amx_linear_cpu import MAX_ROWS, REQUIRED_CPU_FLAGS, load_amx_linear
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
+from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.cpu.linear import GemvLinear
 from swiftlm.platform import cpu_flags
 from tests.helpers.bf16_sums import check_against_float64
 
@@ -75,12 +76,13 @@ def test_gemv_linear_takes_amx_between_the_gemv_and_the_dense_matmul(amx) -> Non
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=True).bfloat16()
-    layer = GemvLinear(linear, recording("gemv", gemv), amx=recording("amx", amx))
-    assert layer.gemv_max_rows == 1
+    limits = RowLimits.for_kernels(gemv=True, amx_capacity=MAX_ROWS, quant=False)
+    layer = GemvLinear(linear, recording("gemv", gemv), limits, amx=recording("amx", amx))
+    assert layer.gemv_max_rows == limits.gemv == 1 and layer.amx_max_rows == MAX_ROWS
     w, b = linear.weight.detach(), linear.bias.detach()
-    for rows in (1, 2, GemvLinear.GEMV_MAX_ROWS, GemvLinear.AMX_MAX_ROWS, GemvLinear.AMX_MAX_ROWS + 1):
+    for rows in (1, 2, 6, MAX_ROWS, MAX_ROWS + 1):
         x = torch.randn(rows, 64).bfloat16()
-        kernel = "gemv" if rows == 1 else "amx" if rows <= GemvLinear.AMX_MAX_ROWS else None
+        kernel = "gemv" if rows == 1 else "amx" if rows <= MAX_ROWS else None
         want = F.linear(x, w, b) if kernel is None else (gemv if kernel == "gemv" else amx)(x, w).add_(b)
         seen.clear()
         assert torch.equal(layer(x), want)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swiftlm.kernels.attention_cpu import REQUIRED_CPU_FLAGS, load_paged_attention
+from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS, load_paged_attention
 from swiftlm.platform import cpu_flags
 
 MIXED_LENS = [1, 15, 16, 17, 1000, 2049]

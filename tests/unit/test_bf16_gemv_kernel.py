@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftlm.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS, load_bf16_gemv
-from swiftlm.model.cpu_linear import GemvLinear, use_gemv
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS, load_bf16_gemv
+from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.cpu.linear import GemvLinear, use_gemv
 from swiftlm.platform import cpu_flags
 from tests.helpers.bf16_sums import check_against_float64
 
@@ -71,14 +72,16 @@ def test_gemv_rejects_bad_inputs(gemv, x, w, message: str) -> None:
 def test_gemv_linear_dispatch(gemv) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=True).bfloat16()
-    layer = GemvLinear(linear, gemv)
-    for rows in range(1, GemvLinear.GEMV_MAX_ROWS + 1):  # the kernel, plus the bias rounded like torch's add
+    limits = RowLimits.for_kernels(gemv=True, amx_capacity=None, quant=False)
+    layer = GemvLinear(linear, gemv, limits)
+    assert layer.gemv_max_rows == limits.gemv > 1
+    for rows in range(1, limits.gemv + 1):  # the kernel, plus the bias rounded like torch's add
         x = torch.randn(3, rows, 64).bfloat16()[1]
         expect = gemv(x, linear.weight.detach()).add_(linear.bias.detach())
         assert torch.equal(layer(x), expect)
-    x = torch.randn(2, GemvLinear.GEMV_MAX_ROWS, 64).bfloat16()  # more rows: the dense matmul on the same weight
+    x = torch.randn(2, limits.gemv, 64).bfloat16()  # more rows: the dense matmul on the same weight
     assert torch.equal(layer(x), F.linear(x, linear.weight, linear.bias))
-    packed = GemvLinear(linear, gemv, packed=True)
+    packed = GemvLinear(linear, gemv, limits, packed=True)
     assert packed.packed_weight is not None
     torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=2e-2, atol=2e-2)
 
@@ -86,5 +89,7 @@ def test_gemv_linear_dispatch(gemv) -> None:
 def test_use_gemv_takes_only_layers_the_kernel_can_run(gemv) -> None:
     model = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 64), nn.Linear(64, 64)).bfloat16()
     model.append(nn.Linear(64, 64))  # float32: left alone
-    assert use_gemv(model, gemv) == 2
+    count, left = use_gemv(model, gemv, RowLimits.for_kernels(gemv=True, amx_capacity=None, quant=False))
+    assert count == 2
     assert [type(m).__name__ for m in model] == ["GemvLinear", "Linear", "GemvLinear", "Linear"]
+    assert left == ["1: in_features 8 is not a multiple of 32", "3: float32 weights (the kernel takes bfloat16)"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from swiftlm.kernels.fused_cpu import load_fused_ops
+from swiftlm.backends.cpu.kernels.fused_cpu import load_fused_ops
 from swiftlm.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from swiftlm.host_memory import HUGE_PAGE, huge_page_buffer, huge_page_tensors
+from swiftlm.backends.cpu.host_memory import HUGE_PAGE, huge_page_buffer, huge_page_tensors
 
 
 def test_buffer_is_aligned_zeroed_and_writable() -> None:

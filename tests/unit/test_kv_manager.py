@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from swiftlm.cache.kv_manager import KVCacheManager
-from swiftlm.engine.request import FinishReason, Request
+from swiftlm.core.request import FinishReason, Request
 from swiftlm.sampling import SamplingParams
 
 BS = 4

@@ -350,7 +350,8 @@ def test_logit_bias_keys() -> None:
         sampling_params_from_chat(chat(logit_bias={"abc": 1}), 8, {}, vocab_size=10)
 
 
-def test_thinking_resolution_order() -> None:
+def test_thinking_fields_of_a_request() -> None:
+    """The request's fields reach resolve_thinking's rows (the table itself: test_generation_request)."""
     off = {"enable_thinking": False}
     on = {"enable_thinking": True}
     assert thinking_enabled(chat(), None) is True
@@ -361,14 +362,15 @@ def test_thinking_resolution_order() -> None:
     assert thinking_enabled(chat(enable_thinking=True, chat_template_kwargs=off), off) is True
     assert thinking_enabled(chat(enable_thinking=False, chat_template_kwargs=on), on) is False
     assert thinking_enabled(chat(chat_template_kwargs={"enable_thinking": None}), off) is False
+    assert thinking_enabled(chat(enable_thinking=True), on, can_think=False) is False
 
 
 def test_template_kwargs_merge() -> None:
-    server = {"enable_thinking": False, "style": "server", "keep": 1}
-    req = chat(chat_template_kwargs={"style": "request", "enable_thinking": True}, enable_thinking=False)
-    assert template_kwargs(req, server) == {"enable_thinking": False, "style": "request", "keep": 1}
-    assert template_kwargs(chat(), None) == {"enable_thinking": True}
-    assert template_kwargs(chat(chat_template_kwargs={"enable_thinking": False}), None) == {"enable_thinking": False}
+    server = {"enable_thinking": True, "style": "server", "keep": 1}
+    req = chat(chat_template_kwargs={"style": "request", "enable_thinking": True})
+    assert template_kwargs(req, server, False) == {"enable_thinking": False, "style": "request", "keep": 1}
+    assert template_kwargs(chat(), None, True) == {"enable_thinking": True}
+    assert template_kwargs(chat(chat_template_kwargs={"enable_thinking": False}), None, True) == {"enable_thinking": True}
 
 
 def test_chat_messages_normalisation() -> None:

@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from swiftlm.kernels.quant_cpu import TORCH_OPS, QuantOps, dequantize_activations, load_quant_kernels
-from swiftlm.model.quant import QuantLinear, quantize_weight_int4, quantize_weight_int8
+from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
+from swiftlm.backends.cpu.limits import QUANT_GEMV_ROWS
+from swiftlm.backends.quant import QuantLinear, quantize_weight_int4, quantize_weight_int8
+from swiftlm.backends.quant_ops import TORCH_OPS, QuantOps, dequantize_activations
 from swiftlm.platform import cpu_flags
 
 HAS_VNNI = "avx512_vnni" in cpu_flags()
@@ -28,18 +30,24 @@ def test_kernels_load_where_the_cpu_has_vnni() -> None:
     assert load_quant_kernels() is not None, "avx512_vnni is present but the kernels did not build or load"
 
 
-def test_loader_falls_back_to_none(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from swiftlm.kernels import build, quant_cpu
+def test_loader_falls_back_to_none(caplog: pytest.LogCaptureFixture) -> None:
+    """The loading every kernel uses: a CPU without the instruction set, or a failed build, is a
+    fallback (False, the reason logged), not an error."""
+    from swiftlm.backends.cpu.kernels import quant_cpu
+    from swiftlm.backends.cpu.kernels.build import try_load_cpu_op_library
 
-    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw"}))
-    assert quant_cpu.load_quant_kernels.__wrapped__() is None
-    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset(quant_cpu.REQUIRED_CPU_FLAGS))
+    def load(**machine: object) -> bool:
+        return try_load_cpu_op_library("swiftlm_quant", quant_cpu.SOURCE, "quantised linear kernels",
+                                       quant_cpu.REQUIRED_CPU_FLAGS, **machine)
+
+    with caplog.at_level("INFO"):
+        assert not load(available_flags=frozenset({"avx512f", "avx512bw"}))
+    assert "CPU lacks avx512vl, avx512_vnni" in caplog.text
 
     def broken_build(*args: object) -> None:
         raise RuntimeError("Error building extension 'swiftlm_quant'")
 
-    monkeypatch.setattr(build, "load_cpu_op_library", broken_build)
-    assert quant_cpu.load_quant_kernels.__wrapped__() is None
+    assert not load(available_flags=frozenset(quant_cpu.REQUIRED_CPU_FLAGS), build=broken_build)
     assert "Error building extension" in caplog.text
 
 
@@ -208,7 +216,7 @@ def test_quant_linear_paths_agree(method: str, dtype: torch.dtype) -> None:
     """GEMV (M <= 64), dense (M > 64) and torch fallback compute one function; 3-D input and bias."""
     torch.manual_seed(7)
     linear = nn.Linear(128, 80, bias=True)
-    fast = QuantLinear.from_linear(linear, method, load_quant_kernels())
+    fast = QuantLinear.from_linear(linear, method, load_quant_kernels(), QUANT_GEMV_ROWS)
     plain = QuantLinear.from_linear(linear, method, None)
     ref = QuantLinear.from_linear(linear, method, None)
     ref.use_reference()
@@ -230,8 +238,8 @@ def test_quant_linear_paths_agree(method: str, dtype: torch.dtype) -> None:
 def test_dense_path_slices_large_layers() -> None:
     torch.manual_seed(8)
     linear = nn.Linear(64, 1000, bias=False)
-    layer = QuantLinear.from_linear(linear, "int4", load_quant_kernels())
-    x = torch.randn(80, 64)  # more rows than GEMV_MAX_ROWS: the dense path
+    layer = QuantLinear.from_linear(linear, "int4", load_quant_kernels(), QUANT_GEMV_ROWS)
+    x = torch.randn(80, 64)  # more rows than QUANT_GEMV_ROWS: the dense path
     whole = layer(x)
     layer.DENSE_SLICE = 64 * 48  # 48 channels per slice: 21 slices, the last one partial
     sliced = layer(x)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from swiftlm.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from swiftlm.runner.sampler import Sampler, SamplerOutput, SamplingRow
 from swiftlm.sampling import SamplingParams
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import SchedulerConfig
-from swiftlm.engine.request import FinishReason, Request, RequestStatus
+from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from swiftlm.sampling import SamplingParams
 

@@ -6,7 +6,7 @@ import pytest
 
 from swiftlm.cache.block_pool import NoFreeBlocksError
 from swiftlm.cache.kv_manager import KVCacheManager
-from swiftlm.engine.request import Request
+from swiftlm.core.request import Request
 from swiftlm.sampling import SamplingParams
 
 BS = 4

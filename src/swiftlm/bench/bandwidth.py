@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from swiftlm.host_memory import huge_page_buffer
+from swiftlm.backends.cpu.host_memory import huge_page_buffer
 
 _PROBE_BYTES = 1 << 30  # twice the largest L3 seen (480 MiB): the probe must not be served from cache
 
@@ -18,7 +18,7 @@ _PROBE_BYTES = 1 << 30  # twice the largest L3 seen (480 MiB): the probe must no
 class BandwidthProbe:
     """Reads a buffer much larger than the caches; reports the best of a few passes in GB/s.
 
-    The buffer is on huge pages (``swiftlm.host_memory``), as the engine's weights and KV cache
+    The buffer is on huge pages (``swiftlm.backends.cpu.host_memory``), as the engine's weights and KV cache
     are: on 4 KiB pages the same read can be ~2x slower on a VM (TLB misses), which would state
     a bound lower than what the hardware streams.
     """

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from swiftlm.bench.bandwidth import BandwidthProbe
+from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.engine import Engine
 from swiftlm.sampling import SamplingParams
 
@@ -78,7 +79,7 @@ def run_point(engine: Engine, probe: BandwidthProbe, batch: int, context: int, d
     for _ in range(batch):
         rid = f"bench-{seed}-{next(ids)}"
         prompt = torch.randint(0, 151000, (context,), generator=g).tolist()
-        engine.add_request(rid, prompt, params)
+        engine.add_request(GenerationRequest(rid, prompt, params))
         pending.add(rid)
     first: set[str] = set()
     while len(first) < batch:

@@ -22,7 +22,7 @@ import httpx
 from swiftlm.bench.workloads import BenchRequest
 
 if TYPE_CHECKING:
-    from swiftlm.bench.client import LoadConfig
+    from swiftlm.bench.load_config import LoadConfig
 
 ERROR_KINDS = ("connect", "http_429", "http_4xx", "http_5xx", "timeout", "protocol")
 

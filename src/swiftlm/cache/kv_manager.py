@@ -10,7 +10,7 @@ from collections import Counter
 from swiftlm.cache.block_pool import BlockPool
 from swiftlm.cache.prefix_cache import PrefixCache
 from swiftlm.cache.sessions import SessionStore
-from swiftlm.engine.request import Request
+from swiftlm.core.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -14,6 +14,14 @@ when the turn ends, the request's blocks are pinned again under the session.
 Pinning is reference counting: a session holds one reference on each of its blocks, so they are
 never evicted; releasing the session drops the references (full blocks stay in the prefix cache
 until their space is needed).
+
+This store is the one owner of a session's token stream. The text layer
+(``swiftlm.text.session_prompt``) keeps only the conversation's messages and reads the stream
+from here (``tokens``, through ``Engine.session_tokens``) when it forms the next turn's prompt;
+so a session expired (TTL), released (memory pressure, the session budget), closed, or diverged
+from here is gone for both, and its next turn is rendered fresh. ``tokens`` may be called from
+another thread than the engine's: it is one dict lookup, and a session's ``token_ids`` list is
+never changed after ``put`` (a new turn stores a new ``Session``).
 """
 
 from __future__ import annotations
@@ -60,6 +68,15 @@ class SessionStore:
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
+
+    def tokens(self, session_id: str, now: float) -> list[int] | None:
+        """The session's real token stream (prompt + output of its last turn; do not change it),
+        or None if no live session holds it: never opened, expired by ``now``, released, closed,
+        or checked out by a turn still running."""
+        session = self._sessions.get(session_id)
+        if session is None or now - session.last_used > self.ttl:
+            return None
+        return session.token_ids
 
     def pinned_blocks(self) -> set[int]:
         return {b for s in self._sessions.values() for b in s.block_ids}

@@ -15,13 +15,13 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from swiftlm.core.generation import GenerationRequest
+from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.engine import Engine
-from swiftlm.engine.outputs import RequestOutput
 from swiftlm.engine.scheduler import QueueFullError
-from swiftlm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -98,48 +98,33 @@ class AsyncEngine:
         """Requests accepted but not yet admitted to the running batch."""
         return self._pending_adds + len(self.engine.scheduler.waiting)
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        session_id: str | None = None,
-        prompt: str | None = None,
-        thinking: bool = False,
-        final_only: bool = False,
-    ) -> RequestStream:
+    def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue a request; iterate the returned stream (in the calling event loop) for its
-        output deltas, the last one with ``finished``. ``final_only`` sends just the finished
-        output (no per-token wake-ups for callers that wait for the whole answer).
+        output deltas, the last one with ``finished``. With ``request.final_only`` just the
+        finished output is sent (no per-token wake-ups for callers that wait for the whole answer).
+        The request arrives now, unless it carries an ``arrival_time``.
 
         Raises at once: RequestError (bad request), QueueFullError (queue full), EngineDeadError.
         """
         if not self._accepting or not self.is_running:
             raise EngineDeadError("the engine is shutting down")
-        self.engine.validate(prompt_token_ids, params)
+        self.engine.validate(request.prompt_token_ids, request.sampling_params)
         limit = self.engine.config.scheduler.max_queued_requests
         with self._count_lock:
             if self.num_queued() >= limit:
                 raise QueueFullError(f"{limit} requests are already waiting (max_queued_requests); retry later")
             self._pending_adds += 1
+        request_id = request.request_id
         channel = _Channel(asyncio.get_running_loop(), asyncio.Queue())
         self._channels[request_id] = channel
-        arrival = time.monotonic()
+        if request.arrival_time is None:
+            request = replace(request, arrival_time=time.monotonic())
 
         def add() -> None:
             with self._count_lock:
                 self._pending_adds -= 1
             try:
-                self.engine.add_request(
-                    request_id,
-                    prompt_token_ids,
-                    params,
-                    session_id,
-                    prompt,
-                    thinking,
-                    arrival_time=arrival,
-                    final_only=final_only,
-                )
+                self.engine.add_request(request)
             except Exception as exc:  # the queue filled up meanwhile
                 self._channels.pop(request_id, None)
                 channel.put(exc)
@@ -147,10 +132,15 @@ class AsyncEngine:
         self._submit(add)
         return RequestStream(self, request_id, channel)
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, **kwargs: Any) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """``submit`` and iterate in one call (errors surface at the first iteration)."""
-        async for out in self.submit(request_id, prompt_token_ids, params, **kwargs):
+        async for out in self.submit(request):
             yield out
+
+    def session_tokens(self, session_id: str) -> list[int] | None:
+        """The session's token stream as the cache holds it (``Engine.session_tokens``), read from
+        the calling thread: one dict lookup of a list the engine replaces but never changes."""
+        return self.engine.session_tokens(session_id)
 
     def abort(self, request_id: str) -> None:
         self._channels.pop(request_id, None)

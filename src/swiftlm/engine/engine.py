@@ -8,21 +8,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
-
+from swiftlm.backends import Backend, build_backend
+from swiftlm.backends.kv_cache import num_blocks_for
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
-from swiftlm.engine.outputs import CompletionOutput, RequestOutput
-from swiftlm.engine.request import FinishReason, Request
-from swiftlm.engine.sampler import SamplingRow
-from swiftlm.engine.scheduler import Scheduler, SchedulerOutput
-from swiftlm.model.fuse import can_pack, fuse_projections, pack_linears, use_decode_layers, use_fused_ops
+from swiftlm.core.generation import GenerationRequest
+from swiftlm.core.outputs import CompletionOutput, RequestOutput
+from swiftlm.core.request import FinishReason, Request
+from swiftlm.core.schedule import SchedulerOutput
+from swiftlm.engine.scheduler import Scheduler
 from swiftlm.model.loader import load_model, resolve_model_dir
-from swiftlm.model.qwen3 import Qwen3ForCausalLM
-from swiftlm.model.weight_arena import place_weights_in_arena
 from swiftlm.platform import resolve_dtype
-from swiftlm.runner.kv_cache import KVCache, num_blocks_for
 from swiftlm.runner.runner import ModelRunner, SampledToken
+from swiftlm.runner.sampler import SamplingRow
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.detokenizer import IncrementalDetokenizer
 from swiftlm.text.stop import StopStringMatcher
@@ -70,66 +68,15 @@ class EngineStats:
     num_aborted: int
 
 
-def prepare_model(model: Qwen3ForCausalLM, config: EngineConfig) -> int:
-    """The engine's transformations of a loaded model: fused projections, weight-only
-    quantisation when asked, then on CPU the bf16 GEMV kernel for decode (AVX512-BF16) and/or
-    oneDNN-packed weights (see ``EngineConfig.cpu_prepack``), and last the streamed weights moved
-    into one huge-page buffer in reading order (``model.weight_arena``). Returns how many linears
-    changed."""
-    cpu = config.device == "cpu"
-    if cpu and config.quantization is None:
-        # the weights in their final place first, so that fusing q/k/v and gate/up makes views of
-        # the arena instead of fresh copies (0.9 GB less memory to touch at load)
-        place_weights_in_arena(model)
-    fuse_projections(model)
-    if config.quantization is not None:
-        from swiftlm.model.quant import quantize
-
-        quantize(model, config.quantization)
-    dtype = model.model.embed_tokens.weight.dtype
-    gemv = None
-    if cpu and config.cpu_kernels:
-        from swiftlm.kernels.fused_cpu import load_fused_ops
-
-        ops = load_fused_ops()
-        if ops is not None:
-            use_fused_ops(model, ops)
-        if dtype == torch.bfloat16:
-            from swiftlm.kernels.bf16_linear_cpu import load_bf16_gemv
-
-            gemv = load_bf16_gemv()
-    packing = config.cpu_prepack is not False and can_pack(dtype, config.device)
-    count = 0
-    if gemv is not None:
-        from swiftlm.kernels.amx_linear_cpu import load_amx_linear
-        from swiftlm.model.cpu_linear import use_gemv
-
-        extra = config.cpu_prepack is True and packing
-        amx = load_amx_linear()
-        count = use_gemv(model, gemv, packed=extra, amx=amx)
-        logger.info("bf16 GEMV kernel for decode on %d linear layers%s%s", count,
-                    ", AMX kernel for 2-32 rows" if amx is not None else "",
-                    " (plus packed copies)" if extra else "")
-        from swiftlm.kernels.decode_cpu import load_decode_layers
-
-        decode_op = load_decode_layers()
-        if decode_op is not None:
-            use_decode_layers(model, decode_op)
-    if packing:
-        count += pack_linears(model)  # the linears the kernel did not take
-    if cpu:
-        # the streamed weights out of the checkpoint's file mapping, into one buffer in reading order
-        place_weights_in_arena(model)
-    return count
-
-
 class Engine:
     """Owns the model, the KV cache, the scheduler and every request's output stream.
 
     Not thread-safe: ``AsyncEngine`` serialises access from its loop thread.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, backend: Backend | None = None) -> None:
+        """``backend``: the device backend to run on (default ``build_backend(config)``); tests pass
+        one built explicitly, e.g. ``CpuBackend(kernels=...)`` or ``TorchBackend("cpu")``."""
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
         self.dtype = resolve_dtype(config.dtype, config.device)
@@ -137,8 +84,9 @@ class Engine:
         # the tokenizer (~0.5 s of parsing, mostly outside the GIL) loads while the weights do
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-tokenizer") as pool:
             tokenizer = pool.submit(Tokenizer.from_dir, self.model_dir)
+            self.backend = backend if backend is not None else build_backend(config)
             self.model = load_model(self.model_dir, self.dtype, config.device)
-            self.num_packed = prepare_model(self.model, config)
+            self.backend.prepare(self.model, config.quantization)
             self.tokenizer = tokenizer.result()
         self.load_seconds = time.perf_counter() - t0
         mcfg = self.model.config
@@ -148,12 +96,12 @@ class Engine:
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
         kv_dtype = self.model.model.embed_tokens.weight.dtype
         num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens)
-        self.kv_cache = KVCache(mcfg, num_blocks, cache.block_size, kv_dtype, config.device)
+        self.kv_cache = self.backend.allocate_kv_cache(mcfg, num_blocks, cache.block_size, kv_dtype)
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(self.model, self.kv_cache, config.device, config.cpu_kernels)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
         self._parents: dict[str, _Parent] = {}
         self.num_aborted = 0
         self._streams: dict[int, _Stream] = {}  # id(request) -> stream
@@ -165,28 +113,24 @@ class Engine:
             "engine ready: %s dtype=%s blocks=%d x %d tokens, max_model_len=%d, load %.2fs",
             self.model_dir, self.dtype, num_blocks, cache.block_size, self.max_model_len, self.load_seconds,
         )
+        logger.info("%s", self.backend.describe())
 
     # -- requests in ------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams,
-        session_id: str | None = None,
-        prompt: str | None = None,
-        thinking: bool = False,
-        arrival_time: float | None = None,
-        final_only: bool = False,
-    ) -> None:
+    def add_request(self, request: GenerationRequest) -> None:
         """Queue a request (``n`` sequences). Raises RequestError or QueueFullError.
 
-        ``final_only``: report the request once, when it finishes (callers that wait for the
-        whole answer skip per-token outputs)."""
+        ``request.final_only``: report the request once, when it finishes (callers that wait for
+        the whole answer skip per-token outputs). ``request.thinking`` (resolved by the front end)
+        matters here only for the thinking budget, which needs a reasoning section to end."""
+        request_id, params, session_id, prompt = (
+            request.request_id, request.sampling_params, request.session_id, request.prompt
+        )
         if request_id in self._parents:
             raise RequestError(f"request id {request_id!r} is already in use")
-        ids = list(prompt_token_ids)
+        ids = list(request.prompt_token_ids)
         self.validate(ids, params)
-        now = time.monotonic() if arrival_time is None else arrival_time
+        now = time.monotonic() if request.arrival_time is None else request.arrival_time
+        budgeted = request.thinking and params.thinking_budget is not None
         eos = frozenset(() if params.ignore_eos else self.tokenizer.eos_token_ids)
         children: list[Request] = []
         for i in range(params.n):
@@ -203,7 +147,7 @@ class Engine:
                 prompt=prompt,
                 index=i,
                 wait_for=children[0] if i > 0 and self.kv.prefix_cache.enabled else None,
-                thinking=thinking and params.thinking_budget is not None,
+                thinking=budgeted,
                 think_end_ids=self._think_end_ids,
                 think_start_ids=self._think_start_ids,
             )
@@ -219,9 +163,9 @@ class Engine:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             self._streams[id(child)] = _Stream(child, request_id, detok, stops)
-        self._parents[request_id] = _Parent(request_id, prompt, ids, children, final_only)
+        self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only)
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
         """Raise RequestError if the request can never run here. Reads only fixed state."""
         if not ids:
             raise RequestError("the prompt is empty")
@@ -272,6 +216,11 @@ class Engine:
 
     def close_session(self, session_id: str) -> bool:
         return self.kv.sessions.close(session_id)
+
+    def session_tokens(self, session_id: str) -> list[int] | None:
+        """The session's real token stream, or None once the cache no longer holds it (see
+        ``SessionStore.tokens``). Safe to call from any thread."""
+        return self.kv.sessions.tokens(session_id, time.monotonic())
 
     def has_unfinished(self) -> bool:
         return bool(self._parents)

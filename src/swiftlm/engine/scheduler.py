@@ -11,41 +11,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import SchedulerConfig
-from swiftlm.engine.request import FinishReason, Request, RequestStatus
+from swiftlm.core.request import FinishReason, Request, RequestStatus
+from swiftlm.core.schedule import ScheduledRequest, SchedulerOutput
 
 
 class QueueFullError(RuntimeError):
     """The waiting queue is at ``max_queued_requests``; the server answers 429."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # computes all_token_ids[num_computed : num_computed + num_new_tokens]
-
-    @property
-    def samples(self) -> bool:
-        """This step brings the request level with its tokens, so it samples the next one."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    timed_out: list[Request] = field(default_factory=list)  # refused: waited past max_queue_wait
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    def __bool__(self) -> bool:
-        return bool(self.scheduled)
 
 
 class Scheduler:

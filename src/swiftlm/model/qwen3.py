@@ -3,25 +3,19 @@
 All scheduled tokens of all requests in a step are concatenated into one sequence of ``T`` tokens;
 ``positions`` gives each token's absolute position in its own request. Attention is the only
 operation that needs to know where one request ends and the next begins, so it is delegated to an
-``Attention`` callable bound to the step's metadata (see ``swiftlm.runner.attention``). Parameter
+``Attention`` callable bound to the step's metadata (see ``swiftlm.backends.attention``). Parameter
 names equal the Hugging Face checkpoint names, so a checkpoint loads without renaming.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from swiftlm.config import ModelConfig
-from swiftlm.model.fused_forward import LayerPlan, build_plan, fused_forward
 from swiftlm.model.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
-
-if TYPE_CHECKING:
-    from swiftlm.kernels.fused_cpu import FusedOps
-    from swiftlm.model.decode_layers import DecodeLayers
 
 
 class Attention(Protocol):
@@ -49,7 +43,7 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
-        self.qkv_proj: nn.Module | None = None  # q, k and v in one matmul (see model.fuse)
+        self.qkv_proj: nn.Module | None = None  # q, k and v in one matmul (see backends/fuse.py)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], attention: Attention
@@ -93,20 +87,8 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
-        self.fused_ops: FusedOps | None = None  # set by model.fuse.use_fused_ops (CPU)
-        self.fused_plan: list[LayerPlan] | None = None  # built at the first fused forward
-        self.decode_op: Callable[..., torch.Tensor] | None = None  # set by model.fuse.use_decode_layers (CPU)
-        self.decode_layers: DecodeLayers | None = None  # built with the fused plan when decode_op is set
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
-        if self.fused_ops is not None:
-            if self.fused_plan is None:
-                self.fused_plan = build_plan(self)
-                if self.decode_op is not None:
-                    from swiftlm.model.decode_layers import DecodeLayers
-
-                    self.decode_layers = DecodeLayers(self, self.decode_op) if DecodeLayers.supports(self) else None
-            return fused_forward(self, self.fused_plan, self.fused_ops, input_ids, positions, attention)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         rope = self.rotary.table(positions, x.dtype)
         for layer in self.layers:
@@ -120,7 +102,6 @@ class Qwen3ForCausalLM(nn.Module):
         self.config = config
         self.model = Qwen3Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.weight_arena: torch.Tensor | None = None  # the buffer model.weight_arena placed the weights in
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swiftlm.engine.scheduler import ScheduledRequest
-from swiftlm.runner.attention import AttentionMetadata
+from swiftlm.core.schedule import ScheduledRequest
+from swiftlm.core.step import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,6 @@
-"""ModelRunner: runs one scheduled step through the model and samples. Makes no policy decisions."""
+"""ModelRunner: runs one scheduled step through the model and samples. Makes no policy decisions.
+
+Device-agnostic: the backend it is given runs the forward pass and owns attention over the KV cache."""
 
 from __future__ import annotations
 
@@ -7,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from swiftlm.engine.sampler import Sampler, SamplingRow
-from swiftlm.engine.scheduler import SchedulerOutput
+from swiftlm.backends.base import Backend
+from swiftlm.backends.kv_cache import KVCache
+from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
-from swiftlm.runner.attention import PagedAttention
 from swiftlm.runner.inputs import build_step_inputs
-from swiftlm.runner.kv_cache import KVCache
+from swiftlm.runner.sampler import Sampler, SamplingRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,19 +24,13 @@ class SampledToken:
 
 
 class ModelRunner:
-    def __init__(
-        self, model: Qwen3ForCausalLM, kv_cache: KVCache, device: str = "cpu", fused_kernels: bool = True
-    ) -> None:
+    def __init__(self, model: Qwen3ForCausalLM, kv_cache: KVCache, backend: Backend) -> None:
         self.model = model
         self.kv_cache = kv_cache
-        decode_kernel = None
-        if fused_kernels and device == "cpu":
-            from swiftlm.kernels.attention_cpu import load_paged_attention
-
-            decode_kernel = load_paged_attention()
-        self.attention = PagedAttention(kv_cache, decode_kernel)
+        self.backend = backend
+        self.attention = backend.attention(kv_cache)
         self.sampler = Sampler()
-        self.device = device
+        self.device = backend.device
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput, rows: Sequence[SamplingRow]) -> list[SampledToken | None]:
@@ -44,7 +40,8 @@ class ModelRunner:
         """
         inputs = build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device)
         results: list[SampledToken | None] = [None] * len(step.scheduled)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attention.bind(inputs.attention))
+        attention = self.attention.bind(inputs.attention)
+        hidden = self.backend.forward(self.model, inputs.input_ids, inputs.positions, attention)
         if not inputs.sampling_requests:
             return results
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from swiftlm.engine.outputs import CompletionOutput, RequestOutput
+from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.server.protocol import (
     ChoiceLogprobs,
     CompletionLogprobs,

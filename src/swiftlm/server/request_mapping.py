@@ -16,8 +16,8 @@ Decisions:
 - Empty stop strings are dropped (they cannot mean anything).
 - ``developer`` messages are rendered as ``system``: OpenAI's newer name for the same thing.
   Qwen3's template has no ``developer`` role (it would drop the message silently).
-- Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` > the
-  server's default chat_template_kwargs > on (Qwen3's default).
+- Thinking: decided by ``swiftlm.core.generation.resolve_thinking`` (its docstring holds the
+  precedence table); ``thinking_enabled`` only hands it the request's fields.
 - ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from swiftlm.core.generation import resolve_thinking
 from swiftlm.sampling import SamplingParams
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.protocol import (
@@ -221,25 +222,27 @@ def template_tools(req: ChatCompletionRequest | TokenizeRequest) -> list[dict[st
     return [tool.model_dump(exclude_none=True) for tool in req.tools]
 
 
-def thinking_enabled(req: ChatCompletionRequest | TokenizeRequest, server_default_kwargs: Mapping[str, Any] | None) -> bool:
-    """Top-level enable_thinking > chat_template_kwargs.enable_thinking > the server's default
-    chat_template_kwargs > True (Qwen3 thinks unless told not to)."""
-    if req.enable_thinking is not None:
-        return req.enable_thinking
-    for kwargs in (req.chat_template_kwargs, server_default_kwargs):
-        if kwargs and kwargs.get("enable_thinking") is not None:
-            return bool(kwargs["enable_thinking"])
-    return True
+def thinking_enabled(
+    req: ChatCompletionRequest | TokenizeRequest,
+    server_default_kwargs: Mapping[str, Any] | None,
+    can_think: bool = True,
+) -> bool:
+    """The request's thinking fields in ``resolve_thinking``'s rows; ``can_think``: the tokenizer
+    has think tokens."""
+    return resolve_thinking(
+        enable_thinking=req.enable_thinking,
+        template_kwargs=req.chat_template_kwargs,
+        default_template_kwargs=server_default_kwargs,
+        can_think=can_think,
+    )
 
 
 def template_kwargs(
-    req: ChatCompletionRequest | TokenizeRequest, server_defaults: Mapping[str, Any] | None
+    req: ChatCompletionRequest | TokenizeRequest, server_defaults: Mapping[str, Any] | None, thinking: bool
 ) -> dict[str, Any]:
     """The server's default chat_template_kwargs, updated with the request's, with
-    ``enable_thinking`` always set to the resolved value (see ``thinking_enabled``)."""
-    merged = {**(server_defaults or {}), **(req.chat_template_kwargs or {})}
-    merged["enable_thinking"] = thinking_enabled(req, server_defaults)
-    return merged
+    ``enable_thinking`` set to ``thinking``, the value resolved for the request."""
+    return {**(server_defaults or {}), **(req.chat_template_kwargs or {}), "enable_thinking": thinking}
 
 
 # ---------------------------------------------------------------- legacy completions

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from swiftlm.config import ServerConfig
+from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
-from swiftlm.sampling import SamplingParams
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
 from swiftlm.text.session_prompt import SessionPrompts
@@ -30,7 +30,7 @@ class ServerState:
 
     def attach(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.session_prompts = SessionPrompts(engine.tokenizer)
+        self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens)
 
     def engine_stats(self) -> EngineStats | None:
         return self.engine.engine.stats() if self.engine is not None else None
@@ -50,20 +50,11 @@ class ServerState:
                 code="model_not_found",
             )
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        session_id: str | None,
-        prompt: str | None,
-        thinking: bool,
-        final_only: bool,
-    ) -> RequestStream:
+    def submit(self, request: GenerationRequest) -> RequestStream:
         """Hand a request to the engine, turning refusals into HTTP errors."""
         engine = self.ready_engine()
         try:
-            return engine.submit(request_id, prompt_token_ids, params, session_id, prompt, thinking, final_only)
+            return engine.submit(request)
         except QueueFullError as exc:
             self.metrics.observe_rejected("queue_full")
             raise too_many_requests(self.config.retry_after_s, str(exc)) from exc

@@ -23,11 +23,20 @@ token prompt sent fresh, not the fresh template rendering.
 The session is used only when the request's messages extend the conversation it recorded (same
 earlier messages, and the assistant answer equal to what was returned); otherwise the prompt is
 rendered fresh and the session starts over from it.
+
+Who owns what: the session's token stream lives in one place, the KV cache's session store
+(``swiftlm.cache.sessions``), which pins its KV, expires it (TTL) and releases it (memory
+pressure). ``SessionPrompts`` keeps only what it needs to tell whether a request extends the
+recorded conversation (the messages, the tools, and a fingerprint of the stream the turn ended
+with) and reads the stream through ``tokens_of(session_id)``, a callable the engine provides
+(``Engine.session_tokens``). When the cache no longer holds the session, or holds a stream other
+than the recorded turn's (a turn that finished without being recorded), the next turn is rendered
+fresh and the record is forgotten. This layer imports neither the cache nor the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +44,15 @@ from swiftlm.text.tokenizer import Tokenizer
 
 _SENTINEL = "\u2063swiftlm-session-split\u2063"
 
+TokensOf = Callable[[str], list[int] | None]
+"""A session's real token stream as the cache holds it, or None if it holds none."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Turn:
     messages: list[dict[str, Any]]  # the conversation through the assistant answer returned
-    token_ids: list[int]  # the real stream: prompt + generated tokens
     tools_key: str
+    stream_key: tuple[int, int]  # length and hash of the stream the turn ended with (not the stream)
 
 
 def _comparable(message: dict[str, Any]) -> tuple:
@@ -51,12 +63,17 @@ def _comparable(message: dict[str, Any]) -> tuple:
 
 
 class SessionPrompts:
-    """Remembers each session's last turn and forms the next turn's prompt from it."""
+    """Remembers each session's last turn and forms the next turn's prompt from it and the
+    session's token stream, read through ``tokens_of`` (the cache owns the stream)."""
 
-    def __init__(self, tokenizer: Tokenizer, max_sessions: int = 10_000) -> None:
+    def __init__(self, tokenizer: Tokenizer, tokens_of: TokensOf, max_sessions: int = 10_000) -> None:
         self.tokenizer = tokenizer
+        self.tokens_of = tokens_of
         self.max_sessions = max_sessions
         self._turns: dict[str, _Turn] = {}
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._turns
 
     def prompt(
         self,
@@ -68,14 +85,14 @@ class SessionPrompts:
         """The prompt text (for logs) and token ids of the next turn."""
         kwargs = dict(template_kwargs or {})
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools, **kwargs)
-        turn = self._turns.get(session_id) if session_id is not None else None
-        if turn is not None and self._extends(turn, messages, tools):
+        recorded = self._recorded(session_id) if session_id is not None else None
+        if recorded is not None and self._extends(recorded[0], messages, tools):
+            turn, stream = recorded
             appended = self._appended_text(messages, len(turn.messages) - 1, kwargs, tools)
             if appended is not None:
-                stream = turn.token_ids
                 if stream and stream[-1] in self.tokenizer.eos_token_ids:
                     stream = stream[:-1]  # the template writes the end-of-turn token itself
-                return text, stream + self.tokenizer.encode(appended)
+                return text, [*stream, *self.tokenizer.encode(appended)]
         return text, self.tokenizer.encode(text)
 
     def record(
@@ -83,17 +100,31 @@ class SessionPrompts:
         session_id: str,
         messages: Sequence[dict[str, Any]],
         answer: str,
-        token_ids: list[int],
+        token_ids: Sequence[int],
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
-        """After a turn: the conversation now ends with ``answer`` (the content returned)."""
+        """After a turn: the conversation now ends with ``answer`` (the content returned), and
+        ``token_ids`` (prompt + generated tokens) is the stream it ended with. Only a fingerprint
+        of the stream is kept, to recognise it in the cache."""
         if len(self._turns) >= self.max_sessions and session_id not in self._turns:
             self._turns.pop(next(iter(self._turns)))
         history = [dict(m) for m in messages] + [{"role": "assistant", "content": answer}]
-        self._turns[session_id] = _Turn(history, list(token_ids), _tools_key(tools))
+        self._turns[session_id] = _Turn(history, _tools_key(tools), _stream_key(token_ids))
 
     def forget(self, session_id: str) -> None:
         self._turns.pop(session_id, None)
+
+    def _recorded(self, session_id: str) -> tuple[_Turn, list[int]] | None:
+        """The recorded turn and the cache's stream for it; None (and the record forgotten) when
+        the cache no longer holds the session or holds another stream."""
+        turn = self._turns.get(session_id)
+        if turn is None:
+            return None
+        stream = self.tokens_of(session_id)
+        if stream is None or _stream_key(stream) != turn.stream_key:
+            self.forget(session_id)
+            return None
+        return turn, stream
 
     def _extends(self, turn: _Turn, messages: Sequence[dict[str, Any]], tools: list | None) -> bool:
         n = len(turn.messages)
@@ -117,3 +148,7 @@ class SessionPrompts:
 
 def _tools_key(tools: list[dict[str, Any]] | None) -> str:
     return repr(tools) if tools else ""
+
+
+def _stream_key(token_ids: Sequence[int]) -> tuple[int, int]:
+    return len(token_ids), hash(tuple(token_ids))

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from swiftlm.core.generation import GenerationRequest
+from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
-from swiftlm.engine.outputs import RequestOutput
-from swiftlm.sampling import SamplingParams
 from swiftlm.server.auth import session_scope
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of
@@ -32,6 +32,7 @@ from swiftlm.server.request_mapping import (
     sampling_params_from_chat,
     template_kwargs,
     template_tools,
+    thinking_enabled,
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
@@ -41,55 +42,54 @@ from swiftlm.text.reasoning import ReasoningStreamParser, split_reasoning
 router = APIRouter()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _ChatTurn:
-    """What one chat request resolved to before it reached the engine."""
+    """What one chat request resolved to before it reached the engine, and what recording the
+    session's turn needs afterwards."""
 
-    request_id: str
+    request: GenerationRequest
     messages: list[dict]
     tools: list[dict] | None
-    prompt: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    thinking: bool
-    session_key: str | None
 
 
 def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _ChatTurn:
     engine = state.ready_engine()
     state.check_model(req.model)
+    tokenizer = engine.tokenizer
     messages = chat_messages(req.messages)
-    kwargs = template_kwargs(req, state.config.default_chat_template_kwargs)
+    defaults = state.config.default_chat_template_kwargs
+    thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
     tools = template_tools(req)
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
+    kwargs = template_kwargs(req, defaults, thinking)
     try:
         prompt, ids = state.session_prompts.prompt(session_key, messages, kwargs, tools)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
-    tokenizer = engine.tokenizer
     room = engine.max_model_len - len(ids)
     params = sampling_params_from_chat(
         req, max(room, 1), tokenizer.generation_defaults, vocab_size=engine.engine.model.config.vocab_size,
         max_n=state.config.max_n,
     )
     check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
-    thinking = bool(kwargs.get("enable_thinking")) and tokenizer.think_end_id is not None
-    return _ChatTurn(new_id("chatcmpl-"), messages, tools, prompt, ids, params, thinking, session_key)
+    request = GenerationRequest(
+        request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
+        thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
+    )
+    return _ChatTurn(request, messages, tools)
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
     state = server_state(raw)
     turn = _prepare(state, req, raw)
-    stream = state.submit(
-        turn.request_id, turn.prompt_ids, turn.params, turn.session_key, turn.prompt, turn.thinking,
-        final_only=not req.stream,
-    )
-    if req.stream:
+    request = turn.request
+    stream = state.submit(request)
+    if request.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         engine = state.ready_engine()
         return EventStream(
-            _stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(turn.request_id)
+            _stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(request.request_id)
         )
     try:
         out = await stream.final()
@@ -106,7 +106,7 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
     completion_tokens = reasoning_tokens = 0
     k = req.top_logprobs or 0
     for seq in out.outputs:
-        reasoning, content = split_reasoning(seq.text, turn.thinking)
+        reasoning, content = split_reasoning(seq.text, turn.request.thinking)
         message = ChatCompletionMessage(
             content=content, reasoning_content=(reasoning or None) if req.return_reasoning else None
         )
@@ -117,14 +117,14 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
             )
         )
         completion_tokens += len(seq.token_ids)
-        reasoning_tokens += reasoning_token_count(seq.token_ids, turn.thinking, tokenizer.think_end_id)
-        if seq.index == 0 and turn.session_key is not None:
+        reasoning_tokens += reasoning_token_count(seq.token_ids, turn.request.thinking, tokenizer.think_end_id)
+        if seq.index == 0 and turn.request.session_id is not None:
             state.session_prompts.record(
-                turn.session_key, turn.messages, content, out.prompt_token_ids + seq.token_ids, turn.tools
+                turn.request.session_id, turn.messages, content, out.prompt_token_ids + seq.token_ids, turn.tools
             )
     state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), completion_tokens, out.outputs[0].finish_reason or "stop")
     return ChatCompletionResponse(
-        id=turn.request_id, model=state.model_name, choices=choices,
+        id=turn.request.request_id, model=state.model_name, choices=choices,
         usage=usage_of(out, completion_tokens, reasoning_tokens),
     )
 
@@ -134,14 +134,14 @@ async def _stream_chat(
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     created = int(time.time())
-    n = turn.params.n
-    parsers = [ReasoningStreamParser(turn.thinking) for _ in range(n)]
+    n = turn.request.sampling_params.n
+    parsers = [ReasoningStreamParser(turn.request.thinking) for _ in range(n)]
     token_ids: list[list[int]] = [[] for _ in range(n)]
     contents = [""] * n
     k = req.top_logprobs or 0
 
     def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None = None) -> str:
-        body = ChatCompletionChunk(id=turn.request_id, created=created, model=state.model_name, choices=choices, usage=usage)
+        body = ChatCompletionChunk(id=turn.request.request_id, created=created, model=state.model_name, choices=choices, usage=usage)
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
     yield chunk([ChatCompletionChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(n)])
@@ -185,11 +185,11 @@ async def _stream_chat(
         yield error.sse_event()
     elif last is not None:
         completion_tokens = sum(len(t) for t in token_ids)
-        reasoning = sum(reasoning_token_count(t, turn.thinking, tokenizer.think_end_id) for t in token_ids)
+        reasoning = sum(reasoning_token_count(t, turn.request.thinking, tokenizer.think_end_id) for t in token_ids)
         state.metrics.observe_finished(last.metrics, len(last.prompt_token_ids), completion_tokens, "stop")
-        if turn.session_key is not None:
+        if turn.request.session_id is not None:
             state.session_prompts.record(
-                turn.session_key, turn.messages, contents[0], last.prompt_token_ids + token_ids[0], turn.tools
+                turn.request.session_id, turn.messages, contents[0], last.prompt_token_ids + token_ids[0], turn.tools
             )
         if include_usage:
             yield chunk([], usage_of(last, completion_tokens, reasoning))

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from swiftlm.core.generation import GenerationRequest
+from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
-from swiftlm.engine.outputs import RequestOutput
+from swiftlm.server.auth import session_scope
 from swiftlm.server.outputs import completion_logprobs
 from swiftlm.server.protocol import (
     CompletionChoice,
@@ -39,6 +41,8 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     tokenizer = engine.tokenizer
     vocab = engine.engine.model.config.vocab_size
     request_id = new_id("cmpl-")
+    # scoped by the caller's key, as chat's and DELETE /v1/sessions/{id}'s
+    session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
     prepared = []
     for prompt in completion_prompts(req, vocab):
         text, ids = (prompt, tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, list(prompt))
@@ -52,7 +56,11 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     try:
         for i, (text, ids, params) in enumerate(prepared):
             rid = request_id if len(prepared) == 1 else f"{request_id}-p{i}"
-            streams.append(state.submit(rid, ids, params, req.session_id, text, False, final_only=not req.stream))
+            request = GenerationRequest(
+                request_id=rid, prompt_token_ids=ids, sampling_params=params, prompt=text,
+                session_id=session_key, stream=req.stream, final_only=not req.stream,
+            )
+            streams.append(state.submit(request))
     except Exception:
         for s in streams:
             engine.abort(s.request_id)

@@ -15,7 +15,13 @@ from swiftlm.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from swiftlm.server.request_mapping import chat_messages, check_token_ids, template_kwargs, template_tools
+from swiftlm.server.request_mapping import (
+    chat_messages,
+    check_token_ids,
+    template_kwargs,
+    template_tools,
+    thinking_enabled,
+)
 from swiftlm.server.state import server_state
 from swiftlm.text.chat_template import ChatTemplateError
 
@@ -61,7 +67,9 @@ async def tokenize(req: TokenizeRequest, raw: Request) -> Response:
     state.check_model(req.model)
     tokenizer = engine.tokenizer
     if req.messages is not None:
-        kwargs = template_kwargs(req, state.config.default_chat_template_kwargs)
+        defaults = state.config.default_chat_template_kwargs
+        thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
+        kwargs = template_kwargs(req, defaults, thinking)
         try:
             text = tokenizer.apply_chat_template(
                 chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,

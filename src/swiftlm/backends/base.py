@@ -1,0 +1,83 @@
+"""The Backend interface: everything that depends on the device, behind one object.
+
+A backend is built once from ``EngineConfig`` and the machine (``backends.build_backend``) and
+owns, for the model it prepares:
+
+* ``prepare(model)``: the transformations of the loaded model (fusing, quantising, placing
+  weights, swapping in faster linear modules), done once before the first step;
+* ``allocate_kv_cache(...)``: the paged K/V pools, placed the device's way;
+* ``attention(kv_cache)``: attention over those pools, prefill and decode (``PagedAttention``
+  with or without a decode kernel);
+* ``forward(model, input_ids, positions, attention)``: one step's forward pass, the model's own
+  ``forward`` or a step plan of the backend's (fused ops, all layers in one call);
+* ``describe()``: the chosen plan in words: which kernel serves which rows, which ops fell back
+  and why. The engine logs it once at start.
+
+Contract: every kernel states what it supports (dtype, head_dim, group size, rows, instruction
+set) and a backend checks that when it prepares a model, falling back per op to the reference
+with the reason in ``fallbacks``. A checkpoint that the reference runs must never crash a kernel.
+
+``TorchBackend`` (``backends/torch.py``) is the trivial implementation and the oracle of tests:
+stock torch ops on any device.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from swiftlm.backends.attention import PagedAttention
+from swiftlm.backends.kv_cache import KVCache
+from swiftlm.config import ModelConfig
+from swiftlm.model.qwen3 import Attention, Qwen3ForCausalLM
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """An op that runs the reference instead of a kernel, and why."""
+
+    op: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.reason}"
+
+
+class Backend(ABC):
+    name: str = "backend"
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.fallbacks: list[Fallback] = []  # filled by prepare()
+        self.plan: list[str] = []  # what runs where, in words; filled by prepare()
+
+    @abstractmethod
+    def prepare(self, model: Qwen3ForCausalLM, quantization: str | None = None) -> None:
+        """Transform ``model`` (in place) for this device, once, before the first step."""
+
+    def allocate_kv_cache(
+        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> KVCache:
+        return KVCache(model, num_blocks, block_size, dtype, self.device)
+
+    def attention(self, kv_cache: KVCache) -> PagedAttention:
+        """Attention over ``kv_cache`` for the steps of the model this backend prepared."""
+        return PagedAttention(kv_cache)
+
+    def forward(
+        self, model: Qwen3ForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden]."""
+        return model(input_ids, positions, attention)
+
+    def fell_back(self, op: str, reason: str) -> None:
+        self.fallbacks.append(Fallback(op, reason))
+
+    def describe(self) -> str:
+        """The plan in words, one line per decision, fallbacks last."""
+        lines = [f"backend {self.name} on {self.device}"]
+        lines += [f"  {line}" for line in self.plan]
+        lines += [f"  fallback to the reference: {f}" for f in self.fallbacks]
+        return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The CPU backend: swiftlm's compiled kernels where they can run, the torch reference per op where not.
+
+``prepare`` decides everything once, from the kernels that loaded (``CpuKernels``), what each states
+it supports, and the model's shape and dtype:
+
+    weights      one huge-page arena in reading order (``weight_arena.py``), q/k/v and gate/up fused
+                 as views of it (``backends/fuse.py``)
+    linears      bf16: ``GemvLinear`` (GEMV / AMX kernels for decode rows, oneDNN or F.linear above);
+                 int8 / int4: ``QuantLinear`` on the VNNI GEMVs; other linears: oneDNN-packed
+    elementwise  the fused ops (norms, q/k norm + rotary, SiLU-multiply) through ``StepPlan``
+    attention    the paged decode kernel inside ``PagedAttention``; prefill: gather + SDPA
+    decode step  every layer of a small decode-only step in one C++ call (``DecodeLayers``)
+
+An op whose kernel is missing or does not support the model runs the reference, and the reason is
+recorded (``fallbacks``, logged by ``describe``). The row limits are ``limits`` (``RowLimits``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+
+import torch
+
+from swiftlm.backends.attention import PagedAttention
+from swiftlm.backends.base import Backend
+from swiftlm.backends.cpu.decode import DecodeLayers
+from swiftlm.backends.cpu.fused_forward import StepPlan, build_plan, fused_forward
+from swiftlm.backends.cpu.host_memory import huge_page_tensors
+from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
+from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
+from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
+from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
+from swiftlm.backends.cpu.ops import CpuKernels
+from swiftlm.backends.cpu.weight_arena import place_weights_in_arena
+from swiftlm.backends.fuse import fuse_projections
+from swiftlm.backends.kv_cache import KVCache
+from swiftlm.backends.quant import quantize
+from swiftlm.config import ModelConfig
+from swiftlm.model.qwen3 import Attention, Qwen3ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(
+        self, kernels: CpuKernels | None = None, prepack: bool | None = None, disable: tuple[str, ...] = (),
+        place_weights: bool = True,
+    ) -> None:
+        """``kernels``: the loaded kernels (default: every one this CPU runs, less ``disable``).
+        ``prepack``: oneDNN-packed weight copies, see ``EngineConfig.cpu_prepack``.
+        ``place_weights``: the weight arena (False keeps the weights where loading put them)."""
+        super().__init__("cpu")
+        self.kernels = kernels if kernels is not None else CpuKernels.load(disable)
+        k = self.kernels
+        self.limits = RowLimits.for_kernels(
+            gemv=k.gemv is not None, amx_capacity=k.amx_rows if k.amx is not None else None, quant=k.quant is not None
+        )
+        self.prepack = prepack
+        self.place_weights = place_weights
+        self.step_plan: StepPlan | None = None
+        self.decode_kernel = None  # the paged decode attention kernel, when it supports the model
+        self.weight_arena: torch.Tensor | None = None  # keeps the placed weights alive
+        self.num_kernel_linears = 0
+
+    # -- preparing the model -----------------------------------------------------------------------
+    def prepare(self, model: Qwen3ForCausalLM, quantization: str | None = None) -> None:
+        cfg = model.config
+        dtype = model.model.embed_tokens.weight.dtype
+        self.plan, self.fallbacks = [], []
+        if quantization is None and self.place_weights:
+            # the weights in their final place first, so that fusing q/k/v and gate/up makes views of
+            # the arena instead of fresh copies (0.9 GB less memory to touch at load)
+            self.weight_arena = place_weights_in_arena(model)
+        fuse_projections(model)
+        self._prepare_linears(model, dtype, quantization)
+        # the streamed weights out of the checkpoint's file mapping, into one buffer in reading order
+        if self.place_weights:
+            self.weight_arena = place_weights_in_arena(model, self.weight_arena)
+        if self.weight_arena is not None:
+            self.plan.append(f"weights: one huge-page arena of {self.weight_arena.numel() / 2**20:.0f} MiB "
+                             "in reading order")
+        self._prepare_attention(cfg, dtype)
+        self._prepare_step_plan(model, cfg, dtype)
+
+    def _prepare_linears(self, model: Qwen3ForCausalLM, dtype: torch.dtype, quantization: str | None) -> None:
+        k, limits = self.kernels, self.limits
+        if quantization is not None:
+            if k.quant is None:
+                self.fell_back(f"{quantization} GEMV", k.missing.get("quant", "not loaded"))
+            quantize(model, quantization, k.quant, limits.quant_gemv)
+            how = f"VNNI GEMV 1-{limits.quant_gemv} rows, dequantise + F.linear above" if k.quant else \
+                "dequantise + F.linear"
+            self.plan.append(f"linears: {quantization}, {how}")
+        packing = self.prepack is not False and can_pack(dtype)
+        if k.gemv is None:
+            if dtype == torch.bfloat16 and quantization is None:
+                self.fell_back("bf16 GEMV", k.missing.get("gemv", "not loaded"))
+        elif dtype != torch.bfloat16:
+            if quantization is None:
+                self.fell_back("bf16 GEMV", f"{str(dtype).removeprefix('torch.')} weights (the kernel takes bfloat16)")
+        else:
+            extra = self.prepack is True and packing
+            count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx)
+            self.num_kernel_linears = count
+            if count:
+                self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}), more rows: "
+                                 f"{'oneDNN packed' if extra else 'F.linear'}")
+            for reason, names in _grouped(left).items():
+                self.fell_back("bf16 GEMV", f"{names}: {reason}")
+        if k.amx is None and k.gemv is not None and dtype == torch.bfloat16 and quantization is None:
+            self.fell_back("AMX linear", k.missing.get("amx", "not loaded"))
+        if packing:
+            packed = pack_linears(model)  # the linears no kernel took
+            if packed:
+                self.plan.append(f"linears: {packed} oneDNN-packed (prepacked matmul, every row count)")
+
+    def _prepare_attention(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        k = self.kernels
+        reason = k.missing.get("attention", "not loaded") if k.attention is None else \
+            attention_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
+        if reason is None:
+            self.decode_kernel = k.attention
+            self.plan.append("decode attention: AVX-512 paged kernel; prefill: gather + SDPA")
+        else:
+            self.decode_kernel = None
+            self.fell_back("decode attention", reason)
+
+    def _prepare_step_plan(self, model: Qwen3ForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        k = self.kernels
+        reason = k.missing.get("fused_ops", "not loaded") if k.fused_ops is None else \
+            fused_supports(dtype, cfg.head_dim)
+        if reason is not None:
+            self.step_plan = None
+            self.fell_back("fused ops", reason)
+            self.fell_back("decode layers op", "needs the fused ops")
+            return
+        decode = None
+        reason = self._decode_layers_reason(model, cfg, dtype)
+        if reason is None:
+            decode = DecodeLayers(model.model, k.decode_layers, self.limits)
+            self.plan.append(f"decode steps of 1-{decode.max_rows} rows: every layer in one C++ call")
+        else:
+            self.fell_back("decode layers op", reason)
+        self.step_plan = StepPlan(build_plan(model.model), k.fused_ops, decode)
+        self.plan.append("elementwise: fused norms, q/k norm + rotary, SiLU-multiply")
+
+    def _decode_layers_reason(self, model: Qwen3ForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> str | None:
+        if self.kernels.decode_layers is None:
+            return self.kernels.missing.get("decode_layers", "not loaded")
+        if self.decode_kernel is None:
+            return "needs the decode attention kernel"
+        return decode_supports(dtype, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                               cfg.head_dim, cfg.intermediate_size) or DecodeLayers.supports(model.model)
+
+    # -- running it -------------------------------------------------------------------------------
+    def allocate_kv_cache(
+        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> KVCache:
+        # decode attention streams the pools: huge pages, zero-filled as mapped (pages are faulted
+        # in as blocks are first used)
+        return KVCache(model, num_blocks, block_size, dtype, "cpu", allocate=huge_page_tensors)
+
+    def attention(self, kv_cache: KVCache) -> PagedAttention:
+        return PagedAttention(kv_cache, self.decode_kernel)
+
+    def forward(
+        self, model: Qwen3ForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+    ) -> torch.Tensor:
+        if self.step_plan is None:
+            return model(input_ids, positions, attention)
+        return fused_forward(model.model, self.step_plan, input_ids, positions, attention)
+
+
+def _grouped(left: list[str]) -> dict[str, str]:
+    """``["model.layers.0.mlp.down_proj: why", ...]`` -> {why: "model.layers.*.mlp.down_proj (3)"}."""
+    by_reason: dict[str, dict[str, int]] = defaultdict(dict)
+    for entry in left:
+        name, _, reason = entry.partition(": ")
+        pattern = re.sub(r"\.\d+\.", ".*.", name)
+        by_reason[reason][pattern] = by_reason[reason].get(pattern, 0) + 1
+    return {reason: ", ".join(f"{p} ({n})" if n > 1 else p for p, n in names.items())
+            for reason, names in by_reason.items()}

@@ -1,0 +1,107 @@
+"""The CPU backend's step plan: the Qwen3 forward pass over the fused CPU ops (``kernels/fused_cpu.py``).
+
+The same computation as ``Qwen3Model.forward`` (the tests hold it to that), arranged for fewer
+Python steps per token: each residual add is folded into the norm that follows it (the residual
+stream is updated in place and every layer hands the next its normed input), q/k norm and rotary
+are one op, SiLU-and-multiply one op, and every layer's tensors and linear ``forward`` methods are
+looked up once into a ``LayerPlan`` instead of through ~20 module attribute accesses a layer. The
+plan is built by ``CpuBackend.prepare`` after every transformation that replaces modules, and names
+the modules present then. Decode-only steps of up to ``DecodeLayers.max_rows`` rows run this loop
+in C++ when the plan holds a ``DecodeLayers`` (``decode.py``); the step's attention offers them
+through its ``decode_only`` description (``backends/attention.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from swiftlm.backends.attention import BoundAttention
+    from swiftlm.backends.cpu.decode import DecodeLayers
+    from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps
+    from swiftlm.model.qwen3 import Qwen3Model
+
+Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPlan:
+    index: int
+    qkv: Linear  # [T, hidden] -> [T, (Hq + 2 Hk) * Dh]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    qk_eps: float
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    o_proj: Linear
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: Linear  # [T, hidden] -> [T, 2 * intermediate]
+    down: Linear
+    next_norm: torch.Tensor  # the next layer's input norm, or the final norm
+    next_eps: float
+
+
+def _concat(*parts: Linear) -> Linear:
+    return lambda x: torch.cat([p(x) for p in parts], dim=-1)
+
+
+def build_plan(model: Qwen3Model) -> list[LayerPlan]:
+    plans = []
+    layers = list(model.layers)
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.norm
+        qkv = attn.qkv_proj.forward if attn.qkv_proj is not None else _concat(
+            attn.q_proj.forward, attn.k_proj.forward, attn.v_proj.forward)
+        gate_up = mlp.gate_up_proj.forward if mlp.gate_up_proj is not None else _concat(
+            mlp.gate_proj.forward, mlp.up_proj.forward)
+        plans.append(LayerPlan(
+            index=attn.layer, qkv=qkv, q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, qk_eps=attn.q_norm.eps,
+            n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim, o_proj=attn.o_proj.forward,
+            post_norm=layer.post_attention_layernorm.weight, post_eps=layer.post_attention_layernorm.eps,
+            gate_up=gate_up, down=mlp.down_proj.forward, next_norm=nxt.weight, next_eps=nxt.eps,
+        ))
+    return plans
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What ``fused_forward`` runs: the layers' plans, the fused ops, and the decode layers op
+    for small decode-only steps (None where it cannot run this model)."""
+
+    layers: list[LayerPlan]
+    ops: FusedOps
+    decode_layers: DecodeLayers | None
+
+
+def fused_forward(
+    model: Qwen3Model, plan: StepPlan, input_ids: torch.Tensor, positions: torch.Tensor, attention: BoundAttention,
+) -> torch.Tensor:
+    """input_ids, positions: [T] -> final hidden states [T, hidden] (normed, as Qwen3Model.forward)."""
+    ops = plan.ops
+    residual = model.embed_tokens(input_ids)  # [T, hidden], a fresh tensor: updated in place below
+    first = model.layers[0].input_layernorm
+    h = ops.rms_norm(residual, first.weight, first.eps)
+    decode = plan.decode_layers
+    if decode is not None and h.shape[0] <= decode.max_rows:
+        step = attention.decode_only  # a DecodeOnlyStep when the step is decode rows alone, else None
+        if step is not None:
+            return decode(residual, h, positions, step)  # the same loop, in C++
+    cos, sin = model.rotary.cos_cached, model.rotary.sin_cached  # [max_positions, Dh] float32
+    t = h.shape[0]
+    for p in plan.layers:
+        qkv = p.qkv(h)
+        q, k = ops.qk_norm_rope(qkv, p.q_norm, p.k_norm, cos, sin, positions, p.n_heads, p.n_kv_heads, p.qk_eps)
+        # v: the last Hk * Dh columns of each row, viewed as [T, Hk, Dh] (no copy)
+        v = qkv[:, (p.n_heads + p.n_kv_heads) * p.head_dim :].reshape(t, p.n_kv_heads, p.head_dim)
+        a = p.o_proj(attention(p.index, q, k, v).reshape(t, p.n_heads * p.head_dim))
+        h = ops.add_rms_norm_(residual, a, p.post_norm, p.post_eps)
+        m = p.down(ops.silu_mul(p.gate_up(h)))
+        h = ops.add_rms_norm_(residual, m, p.next_norm, p.next_eps)
+    return h

@@ -1,0 +1,88 @@
+// The bf16 GEMV kernel of bf16_linear_cpu.cpp (its header comment has the design and the
+// measurements), on raw pointers: shared with the decode layers op (decode_cpu.cpp), which calls it
+// directly into buffers it allocates once per step.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common.h"  // bf16_bits
+
+namespace swiftlm_gemv {
+
+constexpr int64_t KB = 32;        // bf16 values per vector
+constexpr int RN = 2;             // weight rows (output channels) per group
+constexpr int MR = 4;             // activation rows per pass over a group
+constexpr int64_t PREFETCH = 4096;  // bytes ahead of the data being read, in memory order
+
+// R activation rows x C weight rows, full K (a multiple of 32). The group's C rows are C * K
+// contiguous values, read as C interleaved streams; ``pf`` (when not null) walks the thread's
+// range linearly PREFETCH bytes ahead of the data consumed, C lines per step of 32 columns, so
+// the prefetches follow memory order whatever the row length (next rows, next group).
+template <int R, int C>
+inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, uint16_t* out, int64_t ldo,
+                  const char** pf, const char* pf_end) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; kk += KB) {
+    if (pf != nullptr && *pf < pf_end) {
+      for (int c = 0; c < C; ++c) _mm_prefetch(*pf + 64 * c, _MM_HINT_T0);
+      *pf += 64 * C;
+    }
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * k + kk);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + kk);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r * ldo + c] = swiftlm_cpu::bf16_bits(_mm512_reduce_add_ps(acc[r][c]));
+}
+
+// Every activation row against one group: passes of MR rows; only the first pass prefetches.
+template <int C>
+inline void rows_over_group(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w, uint16_t* out, int64_t n,
+                            const char** pf, const char* pf_end) {
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR) {
+    block<MR, C>(x + r * k, k, w, k, out + r * n, n, r == 0 ? pf : nullptr, pf_end);
+  }
+  const char** first = r == 0 ? pf : nullptr;
+  switch (m - r) {  // the last 0 .. MR - 1 rows in one pass
+    case 3: block<3, C>(x + r * k, k, w, k, out + r * n, n, first, pf_end); break;
+    case 2: block<2, C>(x + r * k, k, w, k, out + r * n, n, first, pf_end); break;
+    case 1: block<1, C>(x + r * k, k, w, k, out + r * n, n, first, pf_end); break;
+    default: break;
+  }
+}
+
+// out[m, n] = bf16(x[m, :] . w[n, :]) for x [m, k], w [n, k] row-major bf16 bits, out [m, n]; k % 32 == 0.
+inline void gemv_into(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w_all, int64_t n, uint16_t* out) {
+  if (m == 0 || n == 0) return;
+  const int64_t groups = (n + RN - 1) / RN;  // the last group may hold fewer than RN rows
+  // grain: ~64 KB of weights per task at least, so that small layers do not pay for many threads
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (RN * k));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    // this thread's weights: rows g0 * RN .. min(g1 * RN, n), one contiguous byte range
+    const char* pf = reinterpret_cast<const char*>(w_all + g0 * RN * k) + PREFETCH;
+    const char* pf_end = reinterpret_cast<const char*>(w_all + std::min(g1 * RN, n) * k);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n0 = g * RN, rows = std::min<int64_t>(RN, n - n0);
+      const uint16_t* w = w_all + n0 * k;
+      uint16_t* o = out + n0;
+      if (rows == RN) {
+        rows_over_group<RN>(x, m, k, w, o, n, &pf, pf_end);
+      } else {
+        for (int64_t i = 0; i < rows; ++i) rows_over_group<1>(x, m, k, w + i * k, o + i, n, nullptr, pf_end);
+      }
+    }
+  });
+}
+
+}  // namespace swiftlm_gemv

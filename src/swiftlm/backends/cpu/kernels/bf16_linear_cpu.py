@@ -1,0 +1,39 @@
+"""bf16 GEMV for decode on CPUs with AVX512-BF16 (``bf16_linear_cpu.cpp``).
+
+``load_bf16_gemv()`` returns the compiled op ``gemv(x [M, K] bf16, weight [N, K] bf16) -> [M, N]``
+(K a multiple of 32, both contiguous), or ``None`` when it cannot run here (CPU without
+AVX512-BF16, no compiler, failed build; the reason is logged once) so that callers keep
+``F.linear``. Its plain-torch twin is ``F.linear`` itself: the op computes the same sums in float32
+in another order, and the tests hold it to that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from swiftlm.backends.cpu.kernels.build import try_load_cpu_op_library
+
+SOURCE = Path(__file__).with_name("bf16_linear_cpu.cpp")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+K_MULTIPLE = 32  # the kernel reads K in vectors of 32 bf16 values
+
+
+def supports(dtype: torch.dtype, in_features: int) -> str | None:
+    """None if a linear of ``dtype`` weights and ``in_features`` runs on the kernel, else why not."""
+    if dtype != torch.bfloat16:
+        return f"{str(dtype).removeprefix('torch.')} weights (the kernel takes bfloat16)"
+    if in_features % K_MULTIPLE:
+        return f"in_features {in_features} is not a multiple of {K_MULTIPLE}"
+    return None
+
+
+@cache
+def load_bf16_gemv() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The compiled op (built on first use, ~10 s, then loaded from the disk cache) or None."""
+    if not try_load_cpu_op_library("swiftlm_bf16", SOURCE, "bf16 GEMV kernel", REQUIRED_CPU_FLAGS):
+        return None
+    return torch.ops.swiftlm_bf16.gemv.default

@@ -1,0 +1,255 @@
+// Every decoder layer of a decode step in one call (op torch.ops.swiftlm_decode.decode_layers), for
+// bf16 activations with bf16, int8 or int4 weights.
+//
+// The same sequence of steps as model/fused_forward.py runs from Python, in the same order and with
+// the same code (bf16_gemv.h, amx_linear.h, fused_rows.h, the paged attention and quantised GEMV
+// ops), so the results are bit for bit the same:
+//
+//   for each layer:  qkv = linear(h, W_qkv);  q, k = qk_norm_rope(qkv)
+//                    k, v -> the layer's KV pools at slot_mapping
+//                    a = paged_decode_attention(q, pools, block_tables, seq_lens)
+//                    h = add_rms_norm_(residual, linear(a, W_o))
+//                    h = add_rms_norm_(residual, linear(silu_mul(linear(h, W_gate_up)), W_down))
+//
+// linear: bf16 weights, the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows and the AMX kernel
+// (amx_linear.h) above, up to amx_rows, as GemvLinear chooses; int8 / int4 weights, the quantised
+// GEMV ops (quant_cpu.cpp), as QuantLinear does up to its GEMV_MAX_ROWS. The caller states both
+// limits; the op checks that a step fits them and that amx_rows fits the AMX kernel (kMaxRows).
+//
+// Why: a decode step streams ~1.2 GB of weights through the caches, which evicts everything else
+// on the way, including the Python interpreter's own working set and torch's dispatcher and
+// allocator state. Every op between two weight reads then starts cold: measured on a 2-core Xeon
+// VM, a residual add + RMSNorm takes 3-4 us on its own and 30-40 us right after a GEMV from Python
+// (the same after any large read, and with one thread), 18 us through the dispatcher from C++, and
+// 6 us as the direct call below. Here the steps between the GEMVs are plain function calls into
+// buffers allocated once per step; only the attention and the quantised GEMVs go through the
+// dispatcher.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "bf16_gemv.h"
+#include "common.h"
+#include "fused_rows.h"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "amx_linear.h"
+#define SWIFTLM_HAS_AMX 1
+#endif
+
+namespace {
+
+using at::Tensor;
+
+using bf16 = c10::BFloat16;
+
+// The op `name` of another of these libraries. Each op below is looked up once, at its first use:
+// by then the loader (decode_cpu.py) has loaded that library.
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using AttentionSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double);
+using Int8GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t);
+using Int4GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t);
+
+const c10::TypedOperatorHandle<AttentionSig>& attention_op() {
+  static const auto op = find_op<AttentionSig>("swiftlm_attention::paged_decode_attention");
+  return op;
+}
+
+const c10::TypedOperatorHandle<Int8GemvSig>& int8_gemv_op() {
+  static const auto op = find_op<Int8GemvSig>("swiftlm_quant::int8_gemv");
+  return op;
+}
+
+const c10::TypedOperatorHandle<Int4GemvSig>& int4_gemv_op() {
+  static const auto op = find_op<Int4GemvSig>("swiftlm_quant::int4_gemv");
+  return op;
+}
+
+enum Kind : int64_t { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
+
+// y [t, n] = x [t, k] . W^T, the kernel GemvLinear / QuantLinear (model/) picks for t rows:
+//   bf16: the AVX512-BF16 GEMV up to gemv_rows rows, else AMX (decode_layers checked t <= amx_rows),
+//         written into `out`;
+//   int8 / int4: the quantised GEMV op (quant_cpu.cpp) on q = (qweight, scales[, mins]), a new tensor.
+struct Linear {
+  int64_t kind, gemv_rows;
+  Tensor operator()(const Tensor& x, int64_t t, const Tensor& w, const Tensor* q, int64_t n, const Tensor& out) const {
+    if (kind == kInt8) return int8_gemv_op().call(x, q[0], q[1], n);
+    if (kind == kInt4) return int4_gemv_op().call(x, q[0], q[1], q[2], n);
+    const uint16_t* xp = swiftlm_cpu::bf16_in(x);
+    const uint16_t* wp = swiftlm_cpu::bf16_in(w);
+    uint16_t* yp = swiftlm_cpu::bf16_out(out);
+    if (t <= gemv_rows) {
+      swiftlm_gemv::gemv_into(xp, t, w.size(1), wp, w.size(0), yp);
+    } else {
+#ifdef SWIFTLM_HAS_AMX
+      swiftlm_amx::linear_into(xp, t, w.size(1), wp, w.size(0), yp);
+#endif
+    }
+    return out;
+  }
+};
+
+constexpr int64_t kPerLayer = 8;  // weights: qkv, q_norm, k_norm, o, post_norm, gate_up, down, next_norm
+constexpr int64_t kQuantPerLayer = 12;  // quantised: (qweight, scales, mins or empty) of qkv, o, gate_up, down
+constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next norm
+
+Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positions, const Tensor& slot_mapping,
+                     const Tensor& block_tables, const Tensor& seq_lens, at::TensorList weights,
+                     at::TensorList k_pools, at::TensorList v_pools, const Tensor& cos, const Tensor& sin,
+                     int64_t n_heads, int64_t n_kv_heads, c10::ArrayRef<double> eps, double scale,
+                     int64_t gemv_rows, int64_t amx_rows, int64_t kind, at::TensorList quant,
+                     int64_t intermediate) {
+  const int64_t layers = static_cast<int64_t>(k_pools.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
+                  static_cast<int64_t>(v_pools.size()) == layers &&
+                  static_cast<int64_t>(eps.size()) == kEpsPerLayer * layers,
+              "swiftlm_decode.decode_layers: ", kPerLayer, " weights, 2 pools and ", kEpsPerLayer,
+              " eps per layer expected");
+  TORCH_CHECK(h_in.dim() == 2 && residual.sizes() == h_in.sizes() && residual.is_contiguous(),
+              "swiftlm_decode.decode_layers: h and residual must be [T, hidden], residual contiguous");
+  const int64_t t = h_in.size(0);
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.numel() == t,
+              "swiftlm_decode.decode_layers: slot_mapping must be int64 [T]");
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  TORCH_CHECK(kind == kBf16 || kind == kInt8 || kind == kInt4, "swiftlm_decode.decode_layers: unknown kind ", kind);
+  TORCH_CHECK(kind == kBf16 || static_cast<int64_t>(quant.size()) == kQuantPerLayer * layers,
+              "swiftlm_decode.decode_layers: ", kQuantPerLayer, " quantised tensors per layer expected");
+  if (kind == kBf16 && t > gemv_rows) {  // rows gemv_rows + 1 .. amx_rows go through AMX
+#ifdef SWIFTLM_HAS_AMX
+    TORCH_CHECK(t <= amx_rows, "swiftlm_decode.decode_layers: ", t, " rows, more than the caller's limits: gemv_rows ",
+                gemv_rows, " through the GEMV, amx_rows ", amx_rows, " through AMX");
+    TORCH_CHECK(amx_rows <= swiftlm_amx::kMaxRows, "swiftlm_decode.decode_layers: amx_rows ", amx_rows,
+                " exceeds the AMX kernel's ", swiftlm_amx::kMaxRows, " rows (swiftlm_amx.max_rows())");
+    TORCH_CHECK(swiftlm_amx::enable_amx(), "swiftlm_decode.decode_layers: more than gemv_rows ", gemv_rows,
+                " rows need AMX, and the OS did not grant this process AMX tile data");
+#else
+    TORCH_CHECK(false, "swiftlm_decode.decode_layers: built without AMX: at most gemv_rows ", gemv_rows, " rows, got ", t);
+#endif
+  }
+  TORCH_CHECK(h_in.scalar_type() == at::kBFloat16 && residual.scalar_type() == at::kBFloat16 && h_in.is_contiguous(),
+              "swiftlm_decode.decode_layers: bf16 activations expected");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == t,
+              "swiftlm_decode.decode_layers: positions must be int64 [T]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.dim() == 2 && sin.sizes() == cos.sizes(),
+              "swiftlm_decode.decode_layers: cos and sin must be float32 [P, Dh]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i)
+    TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "swiftlm_decode.decode_layers: position ", pos[i], " outside [0, ",
+                cos.size(0), ")");
+  const int64_t hidden = h_in.size(1);
+  // shapes, checked once for every layer
+  const int64_t d = weights[1].numel(), qkv_n = (n_heads + 2 * n_kv_heads) * d, kv_width = n_kv_heads * d;
+  const int64_t inter = intermediate, gate_up_n = 2 * intermediate;
+  TORCH_CHECK(cos.size(1) == d && d % 2 == 0, "swiftlm_decode.decode_layers: rope tables must be [P, head_dim]");
+  for (int64_t l = 0; l < layers; ++l) {
+    const Tensor* w = weights.data() + kPerLayer * l;
+    const bool norms_ok = w[1].numel() == d && w[2].numel() == d && w[4].numel() == hidden && w[7].numel() == hidden;
+    const bool linears_ok = kind != kBf16 ||
+                            (w[0].dim() == 2 && w[0].size(0) == qkv_n && w[0].size(1) == hidden && w[3].dim() == 2 &&
+                             w[3].size(0) == hidden && w[3].size(1) == n_heads * d && w[5].dim() == 2 &&
+                             w[5].size(0) == gate_up_n && w[5].size(1) == hidden && w[6].dim() == 2 &&
+                             w[6].size(0) == hidden && w[6].size(1) == inter);
+    TORCH_CHECK(norms_ok && linears_ok, "swiftlm_decode.decode_layers: layer ", l, " has weights of unexpected shapes");
+    for (int64_t i : {1, 2, 4, 7})  // the norms; and the linears' weights on the bf16 kernels
+      TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
+                  "swiftlm_decode.decode_layers: norm weights must be contiguous bf16");
+    if (kind == kBf16)
+      for (int64_t i : {0, 3, 5, 6})
+        TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
+                    "swiftlm_decode.decode_layers: weights must be contiguous bf16");
+    TORCH_CHECK(hidden % swiftlm_gemv::KB == 0 && (n_heads * d) % swiftlm_gemv::KB == 0 && inter % swiftlm_gemv::KB == 0,
+                "swiftlm_decode.decode_layers: GEMV inputs must be multiples of 32 wide");
+    const Tensor& k_pool = k_pools[l];
+    const Tensor& v_pool = v_pools[l];
+    TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
+                    k_pool.size(2) * k_pool.size(3) == kv_width && v_pool.sizes() == k_pool.sizes() &&
+                    k_pool.scalar_type() == at::kBFloat16 && v_pool.scalar_type() == at::kBFloat16,
+                "swiftlm_decode.decode_layers: pools must be contiguous bf16 [N, bs, Hkv, D]");
+    const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
+    for (int64_t i = 0; i < t; ++i)
+      TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "swiftlm_decode.decode_layers: slot ", slot[i],
+                  " outside the pool of ", num_slots);
+  }
+
+  // the step's buffers, reused by every layer
+  const auto opts = h_in.options();
+  Tensor qkv = at::empty({t, qkv_n}, opts), q = at::empty({t, n_heads, d}, opts), k = at::empty({t, n_kv_heads, d}, opts);
+  Tensor o_out = at::empty({t, hidden}, opts), gate_up = at::empty({t, gate_up_n}, opts), act = at::empty({t, inter}, opts);
+  Tensor h = at::empty({t, hidden}, opts);
+  std::vector<bf16> norm_scratch(d);
+  std::vector<float> silu_scratch(2 * inter);
+  bf16* res = residual.data_ptr<bf16>();
+  bf16* hp = h.data_ptr<bf16>();
+  bf16* qp = q.data_ptr<bf16>();
+  bf16* kp = k.data_ptr<bf16>();
+  bf16* act_p = act.data_ptr<bf16>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  std::memcpy(hp, h_in.const_data_ptr(), t * hidden * sizeof(bf16));
+  const int64_t row_bytes = kv_width * static_cast<int64_t>(sizeof(bf16));
+  const auto& attention = attention_op();
+  const Linear linear{kind, gemv_rows};
+
+  for (int64_t l = 0; l < layers; ++l) {
+    const Tensor* w = weights.data() + kPerLayer * l;
+    const Tensor* qz = kind == kBf16 ? nullptr : quant.data() + kQuantPerLayer * l;  // qkv, o, gate_up, down
+    const double* e = eps.data() + kEpsPerLayer * l;
+    const Tensor& k_pool = k_pools[l];
+    const Tensor& v_pool = v_pools[l];
+    // each linear's result held while it is read: the quantised kernels return fresh tensors
+    const Tensor qkv_r = linear(h, t, w[0], qz, qkv_n, qkv);  // [T, (Hq + 2 Hk) * D]
+    const bf16* qkv_p = qkv_r.const_data_ptr<bf16>();
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::qk_norm_rope_row(qkv_p + i * qkv_n, w[1].const_data_ptr<bf16>(), w[2].const_data_ptr<bf16>(),
+                                     cp + pos[i] * d, sp + pos[i] * d, n_heads, n_kv_heads, d,
+                                     static_cast<float>(e[0]), qp + i * n_heads * d, kp + i * kv_width,
+                                     norm_scratch.data());
+    // k rows, and v: the last Hk * D columns of each qkv row, into the pools
+    char* kbase = static_cast<char*>(k_pool.data_ptr());
+    char* vbase = static_cast<char*>(v_pool.data_ptr());
+    for (int64_t i = 0; i < t; ++i) {
+      std::memcpy(kbase + slot[i] * row_bytes, kp + i * kv_width, row_bytes);
+      std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
+    }
+    const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale);  // [T, Hq, D]
+    const Tensor o_r = linear(a.reshape({t, n_heads * d}), t, w[3], qz ? qz + 3 : nullptr, hidden, o_out);
+    const bf16* o_p = o_r.const_data_ptr<bf16>();
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::add_norm_row(res + i * hidden, o_p + i * hidden, w[4].const_data_ptr<bf16>(), hidden,
+                                 static_cast<float>(e[1]), hp + i * hidden);
+    const Tensor gu_r = linear(h, t, w[5], qz ? qz + 6 : nullptr, gate_up_n, gate_up);
+    const bf16* gu_p = gu_r.const_data_ptr<bf16>();
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::silu_mul_row(gu_p + i * gate_up_n, inter, act_p + i * inter, silu_scratch.data(),
+                                 silu_scratch.data() + inter);
+    const Tensor m_r = linear(act, t, w[6], qz ? qz + 9 : nullptr, hidden, o_out);
+    const bf16* m_p = m_r.const_data_ptr<bf16>();
+    for (int64_t i = 0; i < t; ++i)
+      swiftlm_rows::add_norm_row(res + i * hidden, m_p + i * hidden, w[7].const_data_ptr<bf16>(), hidden,
+                                 static_cast<float>(e[2]), hp + i * hidden);
+  }
+  return h;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(swiftlm_decode, lib) {
+  swiftlm_cpu::def_cpu(lib,
+                       "decode_layers(Tensor(a!) residual, Tensor h, Tensor positions, Tensor slot_mapping, "
+                       "Tensor block_tables, Tensor seq_lens, Tensor[] weights, Tensor[] k_pools, Tensor[] v_pools, "
+                       "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, float[] eps, float scale, int gemv_rows, "
+                       "int amx_rows, int kind, Tensor[] quant, int intermediate) -> Tensor",
+                       &decode_layers);
+}

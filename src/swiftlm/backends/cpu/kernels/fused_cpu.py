@@ -1,0 +1,56 @@
+"""The Qwen3 layer's elementwise steps as single CPU ops (``fused_cpu.cpp``): RMSNorm, residual add
++ RMSNorm, q/k norm + rotary, SiLU-and-multiply.
+
+``load_fused_ops()`` returns them as a ``FusedOps``, or ``None`` when the library cannot be built
+here (no compiler, failed build; logged once) so that callers keep the plain torch code of
+``swiftlm.model.layers``, which is also what the tests hold these ops to. Plain C++ (the compiler
+vectorises it): any x86 or Arm CPU that builds torch extensions can run it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
+
+SOURCE = Path(__file__).with_name("fused_cpu.cpp")
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def supports(dtype: torch.dtype, head_dim: int) -> str | None:
+    """None if the ops run a model of this activation dtype and head_dim, else why not."""
+    if dtype not in DTYPES:
+        return f"{str(dtype).removeprefix('torch.')} activations (the ops take float32 or bfloat16)"
+    if head_dim % 2:
+        return f"head_dim {head_dim} is odd (rotary pairs halves)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOps:
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+    def __deepcopy__(self, memo: dict) -> FusedOps:
+        return self  # stateless; models holding it can be deep-copied
+
+
+@cache
+def load_fused_ops() -> FusedOps | None:
+    """The compiled ops (built on first use, ~20 s, then loaded from the disk cache) or None."""
+    if not try_load_cpu_op_library("swiftlm_fused", SOURCE, "fused CPU ops", cflags=(*CPU_CFLAGS, "-ffp-contract=off")):
+        return None
+    ops = torch.ops.swiftlm_fused
+    return FusedOps(
+        rms_norm=ops.rms_norm.default,
+        add_rms_norm_=ops.add_rms_norm_.default,
+        qk_norm_rope=ops.qk_norm_rope.default,
+        silu_mul=ops.silu_mul.default,
+    )

@@ -1,0 +1,577 @@
+// Decode attention over a paged KV cache (one query token per request), AVX-512.
+//
+//   out[b, h] = softmax(q[b, h] . K_b^T * scale) . V_b      over the first seq_lens[b] tokens
+//   token t of request b lives at pool[block_tables[b, t / bs], t % bs]   (pool: [N, bs, Hkv, D])
+//
+// Work items are (request, token chunk) over all heads, so a thread streams whole blocks. An item
+// reads each K and V row once, for all query heads of its GQA group together, keeping an online
+// softmax (max m, sum l, fp32 accumulator) per query head. Tokens go in tiles of kTile = 32: two
+// sub-tiles of 16 whose scores fill one zmm each. A long request is cut into chunks (flash-decoding
+// split-K): each chunk leaves (m, l, acc) in a scratch buffer and a final pass merges them, so one
+// request uses every thread. Scores are kept in the log2 domain (scale * log2(e) folded in), so the
+// softmax exponentials are common.h's exp2_ps.
+//
+// bf16: q.k uses vdpbf16ps on the raw bf16 q (exact products, fp32 sums; CPUs without AVX512-BF16
+// widen q and k to fp32 instead, same numbers up to summation order); V rows are widened to
+// fp32 with a shift (even dims) and a mask (odd dims), so within every 32-dim chunk the accumulator
+// holds the 16 even dims then the 16 odd dims; the permutation is undone when results are written.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+constexpr int kSub = 16;           // tokens per sub-tile: one zmm of scores
+// Tokens per online-softmax step. Longer tiles amortise the reductions (-4% time per tile of 64 in
+// cache), shorter ones keep a thread's reads within fewer blocks at a time (+10% DRAM throughput
+// with 16); 32 splits the difference.
+constexpr int kTile = 2 * kSub;
+constexpr int kMaxGroup = 8;       // query heads per kv head handled by one instantiation
+// Planning: below kSerialBytes of K/V the call stays on the calling thread; otherwise requests are
+// split into token chunks so that each thread gets about kItemsPerThread items of >= kMinItemBytes.
+constexpr int64_t kSerialBytes = 192 << 10;
+constexpr int64_t kItemsPerThread = 4;
+constexpr int64_t kMinItemBytes = 64 << 10;
+using bf16 = uint16_t;
+
+struct Problem {
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_sb, q_sh;        // q strides (elements): request, head; head_dim is contiguous
+  int64_t k_sn, k_st, k_sh;  // pool strides: block, token in block, kv head
+  int64_t v_sn, v_st, v_sh;
+  const int64_t* tables;
+  int64_t tables_sb;
+  int64_t hq, d, bs;
+  int64_t hv;                // virtual heads (Hkv * ratio), each owning G <= kMaxGroup query heads
+  int64_t ratio;             // virtual heads per kv head (1 unless the GQA group exceeds kMaxGroup)
+  float scale_log2;          // scale * log2(e)
+};
+
+// One unit of work: tokens [t0, t1) of request b, all heads. slot: where its partial result goes
+// when the request is split into several chunks, -1 when the item covers the whole request.
+struct Item {
+  int64_t b, t0, t1, slot;  // t0 a multiple of kTile
+};
+
+// Transposed horizontal sum: lane i of the result is the sum of the 16 lanes of a[i].
+inline __m512 hsum16(const __m512* a) {
+  __m512 s1[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  __m512 s2[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: partial sums of a[4i .. 4i+3]
+    const __m512d x = _mm512_castps_pd(s1[2 * i]), y = _mm512_castps_pd(s1[2 * i + 1]);
+    s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+template <typename T>
+struct Ops;
+
+template <>
+struct Ops<float> {
+  // lane i = q . (base + off[i]); d a multiple of 16.
+  static inline __m512 qk_tile(const float* q, const float* base, const int64_t* off, int64_t d) {
+    __m512 acc[kSub];
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) acc[i] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+      const __m512 q0 = _mm512_loadu_ps(q + c), q1 = _mm512_loadu_ps(q + c + 16);
+#pragma GCC unroll 16
+      for (int i = 0; i < kSub; ++i) {
+        acc[i] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(base + off[i] + c), acc[i]);
+        acc[i] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(base + off[i] + c + 16), acc[i]);
+      }
+    }
+    if (c < d) {
+      const __m512 q0 = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+      for (int i = 0; i < kSub; ++i) acc[i] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(base + off[i] + c), acc[i]);
+    }
+    return hsum16(acc);
+  }
+
+  // NV zmm of V (16 * NV dims starting at c), in accumulator order.
+  template <int NV>
+  static inline void load_v(const float* row, __m512* v) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) v[j] = _mm512_loadu_ps(row + 16 * j);
+  }
+
+  // acc (accumulator order) * mul -> dst in head-dim order.
+  static inline void unpermute(const float* acc, float* dst, int64_t d, float mul) {
+    const __m512 vm = _mm512_set1_ps(mul);
+    for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(dst + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), vm));
+  }
+
+  static inline void store(const float* src, float* dst, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
+};
+
+template <>
+struct Ops<bf16> {
+  // 32 bf16 as fp32: even dims (shift into the high half) and odd dims (mask the high half).
+  static inline void widen(__m512i x, __m512& even, __m512& odd) {
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+
+  template <bool kTail>  // a 16-dim tail zero-fills the upper half
+  static inline __m512i load32(const bf16* p) {
+    return kTail ? _mm512_maskz_loadu_epi16(0xFFFF, p) : _mm512_loadu_si512(p);
+  }
+
+  template <bool kTail>  // acc[i] += q[c .. c+32) . row_i[c .. c+32)
+  static inline void qk_chunk(const bf16* q, const bf16* base, const int64_t* off, int64_t c, __m512* acc) {
+#ifdef __AVX512BF16__  // exact bf16 products summed in fp32, one instruction per 32 dims
+    const __m512bh qc = (__m512bh)load32<kTail>(q + c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], qc, (__m512bh)load32<kTail>(base + off[i] + c));
+#else
+    __m512 qe, qo, ke, ko;
+    widen(load32<kTail>(q + c), qe, qo);
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) {
+      widen(load32<kTail>(base + off[i] + c), ke, ko);
+      acc[i] = _mm512_fmadd_ps(qo, ko, _mm512_fmadd_ps(qe, ke, acc[i]));
+    }
+#endif
+  }
+
+  static inline __m512 qk_tile(const bf16* q, const bf16* base, const int64_t* off, int64_t d) {
+    __m512 acc[kSub];
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) acc[i] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) qk_chunk<false>(q, base, off, c, acc);
+    if (c < d) qk_chunk<true>(q, base, off, c, acc);
+    return hsum16(acc);
+  }
+
+  // Full 32-dim chunks come out as [16 even dims, 16 odd dims]; a 16-dim tail (NV == 1) in order.
+  template <int NV>
+  static inline void load_v(const bf16* row, __m512* v) {
+    if constexpr (NV == 1) {
+      v[0] = swiftlm_cpu::load16(row);
+    } else {
+#pragma GCC unroll 2
+      for (int j = 0; j < NV / 2; ++j) widen(_mm512_loadu_si512(row + 32 * j), v[2 * j], v[2 * j + 1]);
+    }
+  }
+
+  static inline void unpermute(const float* acc, float* dst, int64_t d, float mul) {
+    const __m512 vm = _mm512_set1_ps(mul);
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) {
+      const __m512 even = _mm512_mul_ps(_mm512_loadu_ps(acc + c), vm);
+      const __m512 odd = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 16), vm);
+      _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(even, lo, odd));
+      _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(even, hi, odd));
+    }
+    if (c < d) _mm512_storeu_ps(dst + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), vm));
+  }
+
+  // rounded as c10::BFloat16(float) rounds (vcvtneps2bf16 would flush denormals and keep NaN payloads)
+  static inline void store(const float* src, bf16* dst, int64_t d) {
+    for (int64_t c = 0; c < d; c += 16) swiftlm_cpu::store16(dst + c, swiftlm_cpu::load16(src + c));
+  }
+};
+
+// acc[g][c .. c + 16 NV) = alpha[g] * acc[g][..] + sum_i p[g][i] * V_i[c ..], over the n valid tokens.
+// The K and V rows of the next tile that a P.V pass pulls into cache as it goes, one token row per
+// token it accumulates. Issued in one burst at the start of a step instead, the same prefetches
+// were 2-4% slower at 2048 tokens (interleaved A/B, 28 layers on huge pages).
+struct Prefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  const int64_t* ok = nullptr;
+  const int64_t* ov = nullptr;
+  int n = 0;
+  int64_t row_bytes = 0;
+  int64_t esize = 0;
+};
+
+template <typename T, int G, int NV>
+inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, const T* base,
+                     const int64_t* off, int n, int64_t c, const Prefetch& pf) {
+  __m512 a[G][NV];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {
+    const __m512 sc = _mm512_set1_ps(alpha[g]);
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) a[g][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * d + c + 16 * j), sc);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (i < pf.n)
+      for (int64_t x = 0; x < pf.row_bytes; x += 64) {
+        _mm_prefetch(pf.k + pf.ok[i] * pf.esize + x, _MM_HINT_T0);
+        _mm_prefetch(pf.v + pf.ov[i] * pf.esize + x, _MM_HINT_T0);
+      }
+    __m512 v[NV];
+    Ops<T>::template load_v<NV>(base + off[i] + c, v);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const __m512 pg = _mm512_set1_ps(p[g * kTile + i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) a[g][j] = _mm512_fmadd_ps(v[j], pg, a[g][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + g * d + c + 16 * j, a[g][j]);
+}
+
+template <typename T, int G>
+inline void pv_tile(float* acc, int64_t d, const float* p, const float* alpha, const T* base, const int64_t* off,
+                    int n, const Prefetch& pf) {
+  constexpr int NV = G <= 4 ? 4 : 2;  // accumulators in registers: G * NV <= 16
+  const Prefetch none;
+  int64_t c = 0;
+  for (; c + 16 * NV <= d; c += 16 * NV) pv_chunk<T, G, NV>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+  if (NV == 4 && c + 32 <= d) {
+    pv_chunk<T, G, 2>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+    c += 32;
+  }
+  if (c < d) pv_chunk<T, G, 1>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+}
+
+// Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d]
+// with H = hv * G query heads.
+inline int64_t scratch_floats(int64_t hv, int64_t group, int64_t d) {
+  return hv * group * (d + 2) + 3 * group * kTile + d;
+}
+
+// Element offsets of the K and V rows of tokens [t, t + n) (n <= kTile); lanes past n repeat token t.
+struct TileOffsets {
+  int64_t k[kTile], v[kTile];
+};
+
+inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int n, TileOffsets& o) {
+  if (P.bs % kSub == 0) {  // t is a multiple of kSub, so a sub-tile never crosses a block
+    for (int s = 0; s < kTile; s += kSub) {
+      const int ns = s < n ? std::min(kSub, n - s) : 0;
+      const int64_t ts = ns > 0 ? t + s : t;
+      const int64_t blk = table[ts / P.bs], off = ts % P.bs;
+      for (int i = 0; i < kSub; ++i) {
+        const int64_t r = off + (i < ns ? i : 0);
+        o.k[s + i] = blk * P.k_sn + r * P.k_st;
+        o.v[s + i] = blk * P.v_sn + r * P.v_st;
+      }
+    }
+  } else {
+    for (int i = 0; i < kTile; ++i) {
+      const int64_t tok = t + (i < n ? i : 0);
+      const int64_t blk = table[tok / P.bs], off = tok % P.bs;
+      o.k[i] = blk * P.k_sn + off * P.k_st;
+      o.v[i] = blk * P.v_sn + off * P.v_st;
+    }
+  }
+}
+
+// One item. It walks steps (tile, virtual head) in that nesting; the scores of step st + 1 are
+// computed between the softmax and the P.V of step st, so the latency of the softmax reductions
+// hides behind independent dot products. Virtual head vh owns query heads vh*G .. vh*G + G - 1 and
+// reads kv head vh / ratio.
+template <typename T, int G>
+void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) {
+  const int64_t d = P.d, hv = P.hv;
+  const int64_t nh = hv * G;
+  float* m = ws;
+  float* l = m + nh;
+  float* acc = l + nh;
+  float* p = acc + nh * d;
+  float* scores = p + G * kTile;
+  float* row = scores + 2 * G * kTile;
+  std::fill(m, m + nh, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + nh, 0.0f);
+  std::fill(acc, acc + nh * d, 0.0f);
+
+  const T* q = static_cast<const T*>(P.q) + it.b * P.q_sb;
+  const T* kbase = static_cast<const T*>(P.k);
+  const T* vbase = static_cast<const T*>(P.v);
+  const int64_t* table = P.tables + it.b * P.tables_sb;
+  const int64_t ntiles = (it.t1 - it.t0 + kTile - 1) / kTile;
+  const int64_t nsteps = ntiles * hv;
+  auto tile_len = [&](int64_t ti) { return int(std::min<int64_t>(kTile, it.t1 - it.t0 - ti * kTile)); };
+  TileOffsets offs[2];  // tiles ti and ti + 1
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 scale = _mm512_set1_ps(P.scale_log2);
+
+  auto qk_step = [&](int64_t st) {  // scores[st & 1][g][i] = q_g . k_i * scale * log2(e), -inf past the end
+    const int64_t ti = st / hv, vh = st % hv;
+    const int n = tile_len(ti);
+    const TileOffsets& o = offs[ti & 1];
+    const T* kb = kbase + (vh / P.ratio) * P.k_sh;
+    float* sc = scores + (st & 1) * G * kTile;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const T* qg = q + (vh * G + g) * P.q_sh;
+      for (int s = 0; s < kTile; s += kSub) {
+        __m512 x = neg_inf;
+        if (s < n) {
+          const __mmask16 valid = n - s >= kSub ? __mmask16(0xFFFF) : __mmask16((1u << (n - s)) - 1u);
+          x = _mm512_mask_mul_ps(neg_inf, valid, Ops<T>::qk_tile(qg, kb, o.k + s, d), scale);
+        }
+        _mm512_storeu_ps(sc + g * kTile + s, x);
+      }
+    }
+  };
+
+  tile_offsets(P, table, it.t0, tile_len(0), offs[0]);
+  qk_step(0);
+  for (int64_t st = 0; st < nsteps; ++st) {
+    const int64_t ti = st / hv, vh = st % hv;
+    const int n = tile_len(ti);
+    const int n_next = ti + 1 < ntiles ? tile_len(ti + 1) : 0;
+    const int64_t kvh = vh / P.ratio;
+    Prefetch pf;
+    if (n_next > 0) {
+      TileOffsets& o = offs[(ti + 1) & 1];
+      if (vh == 0) tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, o);
+      // this head's K and V rows of the next tile, prefetched during this step's P.V: +20-30% DRAM
+      // throughput over no prefetching
+      pf = Prefetch{reinterpret_cast<const char*>(kbase + kvh * P.k_sh), reinterpret_cast<const char*>(vbase + kvh * P.v_sh),
+                    o.k, o.v, n_next, d * int64_t(sizeof(T)), int64_t(sizeof(T))};
+    }
+    const float* sc = scores + (st & 1) * G * kTile;
+    float alpha[G];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {  // online softmax over this tile, in the log2 domain
+      const int64_t h = vh * G + g;
+      __m512 mx = _mm512_loadu_ps(sc + g * kTile);
+      for (int s = kSub; s < kTile; s += kSub) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + g * kTile + s));
+      const float m_new = std::max(m[h], _mm512_reduce_max_ps(mx));  // finite: the tile has a token
+      const __m512 vm = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int s = 0; s < kTile; s += kSub) {
+        const __m512 e = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + g * kTile + s), vm));
+        _mm512_storeu_ps(p + g * kTile + s, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      alpha[g] = swiftlm_cpu::exp2_one(m[h] - m_new);  // 0 on the first tile
+      l[h] = l[h] * alpha[g] + _mm512_reduce_add_ps(sum);
+      m[h] = m_new;
+    }
+    if (st + 1 < nsteps) qk_step(st + 1);
+    pv_tile<T, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
+  }
+
+  for (int64_t h = 0; h < nh; ++h) {
+    if (it.slot < 0) {
+      Ops<T>::unpermute(acc + h * d, row, d, 1.0f / l[h]);
+      Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
+    } else {
+      float* slot = part + (it.slot * P.hq + h) * (d + 2);
+      slot[0] = m[h];
+      slot[1] = l[h];
+      Ops<T>::unpermute(acc + h * d, slot + 2, d, 1.0f);
+    }
+  }
+}
+
+// Combine the split-K partials of one (request, query head) with weights 2^(m_c - M).
+// acc: d floats of scratch.
+template <typename T>
+void merge_head(const float* part, int64_t first_slot, int64_t n_slots, int64_t hq, int64_t Hq, int64_t d,
+                float* acc, T* o) {
+  float M = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < n_slots; ++c) M = std::max(M, part[((first_slot + c) * Hq + hq) * (d + 2)]);
+  std::fill(acc, acc + d, 0.0f);
+  float L = 0.0f;
+  for (int64_t c = 0; c < n_slots; ++c) {
+    const float* s = part + ((first_slot + c) * Hq + hq) * (d + 2);
+    const float w = swiftlm_cpu::exp2_one(s[0] - M);
+    L += s[1] * w;
+    for (int64_t i = 0; i < d; ++i) acc[i] += s[2 + i] * w;
+  }
+  const float inv = 1.0f / L;
+  for (int64_t i = 0; i < d; ++i) acc[i] *= inv;
+  Ops<T>::store(acc, o, d);
+}
+
+using ItemFn = void (*)(const Problem&, const Item&, float*, void*, float*);
+
+template <typename T, int G>
+void run_item_erased(const Problem& P, const Item& it, float* ws, void* out, float* part) {
+  run_item<T, G>(P, it, ws, static_cast<T*>(out), part);
+}
+
+template <typename T>
+ItemFn pick_item_fn(int64_t group) {
+  switch (group) {
+    case 1: return run_item_erased<T, 1>;
+    case 2: return run_item_erased<T, 2>;
+    case 3: return run_item_erased<T, 3>;
+    case 4: return run_item_erased<T, 4>;
+    case 5: return run_item_erased<T, 5>;
+    case 6: return run_item_erased<T, 6>;
+    case 7: return run_item_erased<T, 7>;
+    case 8: return run_item_erased<T, 8>;
+    default: return nullptr;
+  }
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                  const at::Tensor& block_tables_in, const at::Tensor& seq_lens_in,
+                                  double scale) {
+  TORCH_CHECK(q_in.dim() == 3, "q must be [B, Hq, D], got ", q_in.sizes());
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes(),
+              "k_pool and v_pool must both be [num_blocks, block_size, Hkv, D], got ", k_pool.sizes(), " and ",
+              v_pool.sizes());
+  TORCH_CHECK(q_in.device().is_cpu() && k_pool.device().is_cpu() && v_pool.device().is_cpu(),
+              "q, k_pool and v_pool must be CPU tensors");
+  const auto dtype = q_in.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
+              "q, k_pool and v_pool must share one dtype");
+  const int64_t B = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
+  const int64_t N = k_pool.size(0), bs = k_pool.size(1), Hkv = k_pool.size(2);
+  TORCH_CHECK(k_pool.size(3) == D, "head_dim of q (", D, ") and of the pools (", k_pool.size(3), ") differ");
+  TORCH_CHECK(D % 16 == 0 && D > 0, "head_dim must be a multiple of 16, got ", D);
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "Hq (", Hq, ") must be a multiple of Hkv (", Hkv, ")");
+  TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1, "pools must be contiguous in head_dim");
+  TORCH_CHECK(block_tables_in.dim() == 2 && block_tables_in.size(0) == B,
+              "block_tables must be [B, max_blocks], got ", block_tables_in.sizes());
+  TORCH_CHECK(seq_lens_in.dim() == 1 && seq_lens_in.size(0) == B, "seq_lens must be [B], got ",
+              seq_lens_in.sizes());
+
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = block_tables_in.to(at::kLong).contiguous();
+  const at::Tensor lens_t = seq_lens_in.to(at::kLong).contiguous();
+  const int64_t* lens = lens_t.data_ptr<int64_t>();
+  const int64_t max_blocks = tables.size(1);
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, "seq_lens[", b, "] = ", lens[b],
+                " does not fit in ", max_blocks, " blocks of ", bs);
+    for (int64_t i = 0, nb = (lens[b] + bs - 1) / bs; i < nb; ++i)
+      TORCH_CHECK(tab[b * max_blocks + i] >= 0 && tab[b * max_blocks + i] < N, "block_tables[", b, ", ", i,
+                  "] = ", tab[b * max_blocks + i], " is outside the pool of ", N, " blocks");
+  }
+
+  at::Tensor out = at::empty({B, Hq, D}, q.options());
+  const int64_t G = Hq / Hkv;
+  int64_t group = std::min<int64_t>(G, kMaxGroup);
+  while (G % group != 0) --group;
+  const int64_t ratio = G / group, Hv = Hkv * ratio;  // virtual heads: group query heads each
+
+  const int64_t esize = q.element_size();
+  Problem P{q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), q.stride(0), q.stride(1),
+            k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),
+            v_pool.stride(2), tab, max_blocks, Hq, D, bs, Hv, ratio,
+            static_cast<float>(scale * 1.4426950408889634)};
+
+  // ---- plan: items of (request, token chunk), each over all heads, so that a thread streams whole
+  // blocks; long requests are cut into chunks of >= kTile tokens for parallelism and balance ----
+  const int64_t nthreads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  int64_t total_tokens = 0;
+  for (int64_t b = 0; b < B; ++b) total_tokens += lens[b];
+  const int64_t bytes_per_token = 2 * Hkv * D * esize;  // its K and V rows, all heads
+  const bool serial = nthreads <= 1 || total_tokens * bytes_per_token < kSerialBytes;
+  int64_t chunk = std::numeric_limits<int64_t>::max() / 4;
+  if (!serial) {
+    const int64_t target = nthreads * kItemsPerThread;
+    chunk = std::max<int64_t>({(total_tokens + target - 1) / target, kMinItemBytes / bytes_per_token, kTile});
+    chunk = (chunk + kTile - 1) / kTile * kTile;
+  }
+
+  std::vector<Item> items;
+  std::vector<int64_t> first_slot(B, -1), n_slots(B, 0);
+  int64_t slots = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens[b];
+    if (len == 0) continue;
+    const int64_t nch = (len + chunk - 1) / chunk;
+    if (nch > 1) {
+      first_slot[b] = slots;
+      n_slots[b] = nch;
+      slots += nch;
+    }
+    for (int64_t c = 0; c < nch; ++c)
+      items.push_back(Item{b, c * chunk, std::min(len, (c + 1) * chunk), nch > 1 ? first_slot[b] + c : -1});
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });  // longest first
+  std::vector<float> part(slots * Hq * (D + 2));
+  const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group) : pick_item_fn<bf16>(group);
+  const int64_t ws_floats = scratch_floats(Hv, group, D);
+  void* out_ptr = out.data_ptr();
+  float* part_ptr = part.data();
+
+  std::atomic<int64_t> next{0};
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  auto worker = [&](int64_t, int64_t) {
+    std::vector<float> ws(ws_floats);
+    for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1))
+      fn(P, items[i], ws.data(), out_ptr, part_ptr);
+  };
+  const int64_t workers = serial ? 1 : std::min(nthreads, n_items);
+  if (workers <= 1)
+    worker(0, 1);
+  else
+    at::parallel_for(0, workers, 1, worker);
+
+  // ---- merge split requests; zero rows of empty requests ----
+  std::vector<int64_t> merge_rows;
+  int64_t merge_work = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (lens[b] == 0) {
+      std::fill_n(static_cast<char*>(out_ptr) + b * Hq * D * esize, Hq * D * esize, 0);
+    } else if (n_slots[b] > 1) {
+      for (int64_t h = 0; h < Hq; ++h) merge_rows.push_back(b * Hq + h);
+      merge_work += Hq * n_slots[b] * D;
+    }
+  }
+  auto merge = [&](int64_t lo, int64_t hi) {
+    std::vector<float> acc(D);
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t b = merge_rows[r] / Hq, h = merge_rows[r] % Hq, o = merge_rows[r] * D;
+      if (dtype == at::kFloat)
+        merge_head(part_ptr, first_slot[b], n_slots[b], h, Hq, D, acc.data(), static_cast<float*>(out_ptr) + o);
+      else
+        merge_head(part_ptr, first_slot[b], n_slots[b], h, Hq, D, acc.data(), static_cast<bf16*>(out_ptr) + o);
+    }
+  };
+  const int64_t n_merge = static_cast<int64_t>(merge_rows.size());
+  if (serial || merge_work < (1 << 15))
+    merge(0, n_merge);
+  else
+    at::parallel_for(0, n_merge, 1, merge);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(swiftlm_attention, lib) {
+  swiftlm_cpu::def_cpu(lib, "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
+                            "Tensor seq_lens, float scale) -> Tensor", &paged_decode_attention);
+}

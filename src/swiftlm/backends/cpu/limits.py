@@ -1,0 +1,54 @@
+"""How many rows each CPU linear kernel takes: the one place these limits are decided.
+
+``GemvLinear``, ``QuantLinear`` and the decode layers op (in C++) read them from here; the AMX
+kernel's capacity comes from the kernel itself (``kernels/amx_linear.h``, read through
+``amx_linear_cpu.amx_capacity()``), so a change of it touches that header alone.
+
+Measurements behind the numbers (2-core AMX Xeon VM, the 112 layer linears of the Qwen3-0.6B
+shape, bf16, 2 threads): GEMV kernel vs F.linear at 1 row 40 vs 71 ms, 4 rows 52 vs 71, 6 rows
+59 vs 72, 8 rows 68 vs 70, 12 rows 87 vs 72: the GEMV takes up to 6 rows. With AMX, 2+ rows are
+faster through it (2 rows 60 vs 75 ms, 4 rows 64 vs 83), so the GEMV keeps 1 row. Quantised
+layers, bf16 1024 -> 3072 on one core: M = 32: GEMV 0.56 ms vs dequantise + dense 1.24 ms; 64:
+1.03 vs 1.48; 128: 2.03 vs 1.83: the quantised GEMV takes up to 64 rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GEMV_ROWS_WITHOUT_AMX = 6
+QUANT_GEMV_ROWS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RowLimits:
+    """Rows a linear sends through each kernel; more rows go to a dense matmul."""
+
+    gemv: int  # bf16 GEMV kernel (AVX512-BF16): 1 .. gemv rows; 0 when it is not in use
+    amx: int  # AMX kernel: gemv + 1 .. amx rows; 0 when it is not in use
+    quant_gemv: int  # int8 / int4 VNNI GEMV kernels: 1 .. quant_gemv rows; 0 when not in use
+
+    def __post_init__(self) -> None:
+        if min(self.gemv, self.amx, self.quant_gemv) < 0 or (self.amx and self.amx <= self.gemv):
+            raise ValueError(f"inconsistent row limits {self}")
+
+    @classmethod
+    def for_kernels(cls, gemv: bool, amx_capacity: int | None, quant: bool) -> RowLimits:
+        """The limits for the kernels that loaded (``amx_capacity``: None without AMX)."""
+        amx = amx_capacity or 0
+        return cls(gemv=(1 if amx else GEMV_ROWS_WITHOUT_AMX) if gemv else 0, amx=amx if gemv else 0,
+                   quant_gemv=QUANT_GEMV_ROWS if quant else 0)
+
+    @property
+    def bf16_kernel_rows(self) -> int:
+        """Rows a bf16 linear takes through swiftlm's kernels (GEMV, then AMX)."""
+        return max(self.gemv, self.amx)
+
+    def describe_bf16(self) -> str:
+        """The bf16 kernels' rows in words, e.g. "bf16 GEMV 1 row, AMX 2-32 rows"."""
+        parts = []
+        if self.gemv:
+            parts.append(f"bf16 GEMV 1-{self.gemv} rows" if self.gemv > 1 else "bf16 GEMV 1 row")
+        if self.amx:
+            parts.append(f"AMX {self.gemv + 1}-{self.amx} rows")
+        return ", ".join(parts) or "no bf16 kernels"

@@ -1,0 +1,119 @@
+"""CPU linear layers: ``GemvLinear`` (swiftlm's bf16 kernels for decode rows) and ``PackedLinear``
+(oneDNN's prepacked matmul).
+
+``GemvLinear`` sends up to ``limits.gemv`` rows (decode of a few sequences) through the AVX512-BF16
+GEMV kernel, which streams the weight in nn.Linear's own layout; on CPUs with AMX, ``limits.gemv``
+is 1 and 2 to ``limits.amx`` rows (decode batches) go through the AMX kernel
+(``kernels/amx_linear.h``), which reads the same tensor at about the speed of one row; more rows
+(prefill chunks) go to a dense matmul: oneDNN's prepacked one when the layer holds a packed copy
+(``packed=True``: twice the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at
+7-64 rows), else ``F.linear`` on the same weight. The limits and their measurements are in
+``limits.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import supports as gemv_supports
+from swiftlm.backends.cpu.limits import RowLimits
+
+Gemv = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class GemvLinear(nn.Module):
+    def __init__(
+        self, linear: nn.Linear, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        reason = gemv_supports(weight.dtype, self.in_features)
+        if reason is not None:
+            raise ValueError(f"GemvLinear: {reason}")
+        self.register_buffer("weight", weight.contiguous(), persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if packed else None
+        self.register_buffer("packed_weight", packed_weight, persistent=False)
+        self.gemv = gemv
+        self.amx = amx if limits.amx else None
+        self.gemv_max_rows = limits.gemv
+        self.amx_max_rows = limits.amx if self.amx is not None else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~110 calls a token
+        rows = x2.shape[0]
+        if rows <= self.gemv_max_rows and x2.dtype == torch.bfloat16:
+            y = self.gemv(x2.contiguous(), b["weight"])
+            if b["bias"] is not None:
+                y.add_(b["bias"])
+        elif rows <= self.amx_max_rows and x2.dtype == torch.bfloat16:
+            y = self.amx(x2.contiguous(), b["weight"])
+            if b["bias"] is not None:
+                y.add_(b["bias"])
+        elif b["packed_weight"] is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x2, b["packed_weight"], b["bias"], "none", [], "")
+        else:
+            y = F.linear(x2, b["weight"], b["bias"])
+        return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_gemv(
+    model: nn.Module, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None
+) -> tuple[int, list[str]]:
+    """Replace every nn.Linear the GEMV kernel supports by a GemvLinear (with the AMX kernel for
+    its rows when ``amx`` is given). Returns how many, and the linears left as they are with the
+    reason. The tied lm_head shares the embedding's tensor (the kernels read nn.Linear's layout:
+    no copy)."""
+    count = 0
+    left: list[str] = []
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            reason = gemv_supports(child.weight.dtype, child.in_features)
+            if reason is None:
+                setattr(parent, name, GemvLinear(child, gemv, limits, packed, amx))
+                count += 1
+            else:
+                left.append(f"{parent_name}.{name}: {reason}" if parent_name else f"{name}: {reason}")
+    return count, left
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose weight oneDNN has reordered once into its blocked layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, 1), persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.nbytes = weight.numel() * weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed_weight, self.bias, "none", [], "")
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    """oneDNN can lay out weights of ``dtype`` for its matmul on this CPU."""
+    return torch.backends.mkldnn.is_available() and dtype in (torch.bfloat16, torch.float32)
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear by a PackedLinear; returns how many were packed. The tied
+    lm_head gets its own packed copy while the embedding keeps the plain table for lookups."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child))
+                count += 1
+    return count

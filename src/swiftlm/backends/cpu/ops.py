@@ -1,0 +1,72 @@
+"""The CPU backend's compiled kernels, loaded once: each one present, or absent with the reason.
+
+``CpuKernels.load(disable)`` builds (or loads from the disk cache) every kernel this CPU can run;
+``disable`` names kernels to leave out on purpose (``EngineConfig.cpu_disable_kernels``: a test
+or an A/B comparison, never a patch of module state). Tests may also build a ``CpuKernels`` by
+hand, e.g. with a wrapped op, and hand it to ``CpuBackend``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from swiftlm.backends.cpu.kernels.amx_linear_cpu import amx_capacity, load_amx_linear
+from swiftlm.backends.cpu.kernels.attention_cpu import PagedDecodeAttention, load_paged_attention
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
+from swiftlm.backends.cpu.kernels.decode_cpu import load_decode_layers
+from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps, load_fused_ops
+from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
+from swiftlm.backends.quant_ops import QuantOps
+from swiftlm.platform import cpu_flags
+
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+KERNELS = ("fused_ops", "gemv", "amx", "attention", "decode_layers", "quant")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuKernels:
+    fused_ops: FusedOps | None = None  # norms, q/k norm + rotary, SiLU-multiply (kernels/fused_cpu.cpp)
+    gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 (kernels/bf16_linear_cpu.cpp)
+    amx: Linear | None = None  # bf16 linear for small batches, AMX (kernels/amx_linear_cpu.cpp)
+    amx_rows: int = 0  # the AMX kernel's row capacity (from the kernel), 0 without it
+    attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512
+    decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
+    quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
+    missing: dict[str, str] = field(default_factory=dict)  # kernel -> why it is not here
+
+    def __deepcopy__(self, memo: dict) -> CpuKernels:
+        return self  # stateless ops; models holding them can be deep-copied
+
+    @classmethod
+    def none(cls, reason: str = "kernels off") -> CpuKernels:
+        return cls(missing=dict.fromkeys(KERNELS, reason))
+
+    @classmethod
+    def load(cls, disable: Iterable[str] = ()) -> CpuKernels:
+        disable = set(disable)
+        unknown = disable - set(KERNELS)
+        if unknown:
+            raise ValueError(f"unknown CPU kernels {', '.join(sorted(unknown))}; known: {', '.join(KERNELS)}")
+        flags = ", ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512", "amx")))) or "no AVX-512"
+        missing: dict[str, str] = {}
+
+        def take(name: str, loader: Callable[[], object]) -> object:
+            if name in disable:
+                missing[name] = "disabled by configuration"
+                return None
+            op = loader()
+            if op is None:
+                missing[name] = f"does not build or run on this CPU ({flags})"
+            return op
+
+        fused = take("fused_ops", load_fused_ops)
+        gemv = take("gemv", load_bf16_gemv)
+        amx = take("amx", load_amx_linear)
+        attention = take("attention", load_paged_attention)
+        decode = take("decode_layers", load_decode_layers)
+        quant = take("quant", load_quant_kernels)
+        return cls(fused_ops=fused, gemv=gemv, amx=amx, amx_rows=amx_capacity() or 0 if amx is not None else 0,
+                   attention=attention, decode_layers=decode, quant=quant, missing=missing)

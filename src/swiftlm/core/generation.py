@@ -1,0 +1,82 @@
+"""GenerationRequest: what a front end (server, ``LLM``, CLI) resolves once, handed to the engine.
+
+The front ends decide everything about a request before it reaches the engine: the prompt's token
+ids, the sampling parameters, whether the prompt opens a reasoning section (``resolve_thinking``),
+the session key, and how the caller wants its outputs. The engine, ``AsyncEngine`` and the server
+state pass this one object along instead of a row of positional values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from swiftlm.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One request, as resolved at the edge.
+
+    ``prompt_token_ids`` is not copied: do not change it after submitting. ``thinking`` is the
+    resolved on/off (the prompt opens a reasoning section the model writes first); the engine
+    needs it to enforce ``sampling_params.thinking_budget``, the server to split the reasoning from
+    the answer. ``stream``: the caller reads output deltas as they come; ``final_only``: the engine
+    reports the request once, when it finishes (a caller waiting for the whole answer). None of
+    ``arrival_time`` means "when the engine gets it" (``time.monotonic()``).
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    sampling_params: SamplingParams
+    prompt: str | None = None
+    thinking: bool = False
+    session_id: str | None = None
+    stream: bool = False
+    final_only: bool = False
+    arrival_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.stream and self.final_only:
+            raise ValueError("a request cannot both stream its outputs and report only the final one")
+
+
+def resolve_thinking(
+    *,
+    enable_thinking: bool | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    default_template_kwargs: Mapping[str, Any] | None = None,
+    can_think: bool = True,
+) -> bool:
+    """Whether the prompt opens a reasoning section: the one place this is decided.
+
+    The rows are read top to bottom; the first that decides wins. A field "decides" when it is
+    sent and not null.
+
+    ====  =========================================================  ==================================
+    row   source                                                     front end that fills it
+    ====  =========================================================  ==================================
+    0     the tokenizer has no think tokens (``can_think`` false):   all (``think_end_id is None``)
+          off, whatever was asked
+    1     the request's top-level ``enable_thinking``                server (field or ``extra_body``),
+                                                                     ``LLM.chat``, CLI ``--no-think``
+    2     the request's ``chat_template_kwargs.enable_thinking``     server, ``LLM.chat``
+    ..    (reserved) the request's ``reasoning_effort``
+    3     the server's default chat_template_kwargs                  server
+          (``--default-chat-template-kwargs``)
+    ..    (reserved) an automatic mode (the server decides per prompt)
+    4     on (Qwen3's default)                                       all
+    ====  =========================================================  ==================================
+
+    Every row is resolved before the chat template renders, and the template is given the result
+    as ``enable_thinking``, so the prompt and this value never disagree.
+    """
+    if not can_think:
+        return False
+    if enable_thinking is not None:
+        return bool(enable_thinking)
+    for kwargs in (template_kwargs, default_template_kwargs):
+        if kwargs and kwargs.get("enable_thinking") is not None:
+            return bool(kwargs["enable_thinking"])
+    return True

@@ -1,0 +1,100 @@
+"""Request: one sequence being generated, and its single progress counter.
+
+``num_computed_tokens`` counts the tokens of ``all_token_ids`` (prompt + output) whose KV is in
+the cache. Prefill, chunked prefill, prefix hits, session reuse, recompute after preemption and
+decode are all the same thing: the counter catching up with ``num_tokens``. A step that brings
+the counter level with ``num_tokens`` samples the next token.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from swiftlm.core.outputs import RequestMetrics
+from swiftlm.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    eos_token_ids: frozenset[int] = frozenset()
+    session_id: str | None = None
+    prompt: str | None = None
+    index: int = 0  # which of the parent's n samples this is
+    wait_for: Request | None = None  # an n>1 sibling whose prompt KV this request will share
+    thinking: bool = False  # the prompt opens a reasoning section the model writes first
+    think_end_ids: tuple[int, ...] = ()  # tokens that close it ("</think>", "\n\n")
+    think_start_ids: tuple[int, ...] = ()  # tokens that open it ("<think>", "\n")
+
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # set when first scheduled: tokens reused from a cache
+    block_ids: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0  # leading blocks keyed in the prefix cache
+    last_block_hash: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+    forced_tokens: deque[int] = field(default_factory=deque)
+    thinking_closed: bool = False
+    cumulative_logprob: float = 0.0
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        if self.sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token left to compute (prompt, or recompute after preemption)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def ready_to_share(self) -> bool:
+        """For n > 1: the sibling has computed the shared prompt (or will never)."""
+        w = self.wait_for
+        return w is None or w.is_finished or w.num_computed_tokens >= w.num_prompt_tokens - 1

@@ -1,0 +1,132 @@
+"""Session prompts read the token stream from the cache's session store, its one owner (no model).
+
+A turn is simulated: its prompt from ``SessionPrompts``, an answer's tokens appended, the stream
+pinned in the store as the engine does when the turn finishes, the turn recorded as the server does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from swiftlm.cache.kv_manager import KVCacheManager
+from swiftlm.text.session_prompt import SessionPrompts
+from swiftlm.text.tokenizer import Tokenizer
+
+BS = 4
+TTL = 10.0
+KWARGS = {"enable_thinking": False}
+SYSTEM = {"role": "system", "content": "You answer briefly."}
+
+
+class Clock:
+    now = 0.0
+
+
+@pytest.fixture
+def kv() -> KVCacheManager:
+    return KVCacheManager(64, BS, session_ttl=TTL, max_session_tokens=10_000)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def prompts(qwen3_tokenizer: Tokenizer, kv: KVCacheManager, clock: Clock) -> SessionPrompts:
+    return SessionPrompts(qwen3_tokenizer, lambda sid: kv.sessions.tokens(sid, clock.now))
+
+
+def fresh_ids(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **KWARGS))
+
+
+def finish_turn(
+    prompts: SessionPrompts, kv: KVCacheManager, sid: str, messages: list[dict[str, Any]], answer: str, now: float
+) -> list[int]:
+    """Run one turn: returns the stream it ended with (pinned in the store and recorded)."""
+    tokenizer = prompts.tokenizer
+    _, ids = prompts.prompt(sid, messages, KWARGS)
+    stream = ids + tokenizer.encode(answer) + [tokenizer.eos_token_ids[0]]
+    num_computed = len(stream) - 1
+    kv.sessions.put(sid, list(stream), kv.pool.allocate(-(-num_computed // BS)), num_computed, now)
+    prompts.record(sid, messages, answer, stream)
+    return stream
+
+
+def two_turns(prompts: SessionPrompts, kv: KVCacheManager, sid: str = "s") -> tuple[list[dict], list[int]]:
+    """Turn 1 finished at time 0; the messages of turn 2 and the stream of turn 1."""
+    messages = [SYSTEM, {"role": "user", "content": "你好"}]
+    stream = finish_turn(prompts, kv, sid, messages, "Hello!", now=0.0)
+    return [*messages, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "再见"}], stream
+
+
+def test_a_live_session_extends_the_cached_stream(prompts, kv, clock) -> None:
+    messages, stream = two_turns(prompts, kv)
+    clock.now = TTL  # exactly the TTL: still alive
+    _, ids = prompts.prompt("s", messages, KWARGS)
+    assert ids[: len(stream) - 1] == stream[:-1]
+    # the fresh rendering drops turn 1's empty think block, so it is not an extension of the stream
+    assert fresh_ids(prompts.tokenizer, messages)[: len(stream) - 1] != stream[:-1]
+    assert "s" in prompts
+
+
+def test_a_session_expired_by_ttl_renders_fresh(prompts, kv, clock) -> None:
+    messages, stream = two_turns(prompts, kv)
+    clock.now = TTL + 0.5  # expired, though the engine has not swept it yet
+    assert kv.sessions.tokens("s", clock.now) is None and "s" in kv.sessions
+    _, ids = prompts.prompt("s", messages, KWARGS)
+    assert ids == fresh_ids(prompts.tokenizer, messages)
+    assert ids[: len(stream) - 1] != stream[:-1]  # no stale tokens
+    assert "s" not in prompts  # the record is forgotten
+
+
+def test_a_session_swept_by_expire_renders_fresh(prompts, kv, clock) -> None:
+    messages, _ = two_turns(prompts, kv)
+    assert kv.sessions.expire(now=TTL + 1.0) == 1
+    assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+    assert "s" not in prompts
+
+
+def test_a_session_released_for_memory_renders_fresh(prompts, kv) -> None:
+    messages, _ = two_turns(prompts, kv, "old")
+    two_turns(prompts, kv, "new")
+    assert kv.sessions.release_oldest()  # memory pressure takes the least recently used
+    assert prompts.prompt("old", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+    assert "old" not in prompts
+    assert prompts.prompt("new", messages, KWARGS)[1] != fresh_ids(prompts.tokenizer, messages)
+
+
+def test_a_closed_session_is_dropped_from_both(prompts, kv) -> None:
+    messages, _ = two_turns(prompts, kv)
+    prompts.forget("s")
+    assert kv.sessions.close("s")
+    assert "s" not in prompts and "s" not in kv.sessions
+    assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+
+
+def test_closed_in_the_cache_alone_is_dropped_at_the_next_turn(prompts, kv) -> None:
+    messages, _ = two_turns(prompts, kv)
+    assert kv.sessions.close("s")
+    assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+    assert "s" not in prompts
+
+
+def test_a_checked_out_session_renders_fresh(prompts, kv) -> None:
+    """While a turn of the session runs, the request owns its blocks and the store holds no stream."""
+    messages, stream = two_turns(prompts, kv)
+    assert kv.sessions.take("s", stream, now=1.0) is not None
+    assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+
+
+def test_a_stream_other_than_the_recorded_turns_renders_fresh(prompts, kv) -> None:
+    """A turn the engine finished but nobody recorded (client gone): the store's stream no longer
+    belongs to the recorded conversation."""
+    messages, stream = two_turns(prompts, kv)
+    unrecorded = stream + prompts.tokenizer.encode("\nuser\nmore") + [prompts.tokenizer.eos_token_ids[0]]
+    kv.sessions.put("s", unrecorded, kv.pool.allocate(-(-(len(unrecorded) - 1) // BS)), len(unrecorded) - 1, 0.0)
+    assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
+    assert "s" not in prompts
+
