@@ -126,7 +126,7 @@ def bench_crossover(kernels, rounds: int) -> list[dict]:
     for method in ("int8", "int4"):
         gemv = random_quant_linear(method, INTERMEDIATE, HIDDEN, kernels)
         dense = random_quant_linear(method, INTERMEDIATE, HIDDEN, kernels)
-        gemv.GEMV_MAX_ROWS, dense.GEMV_MAX_ROWS = 1 << 30, 0  # force one path each
+        gemv.kernel_max_rows, dense.kernel_max_rows = 1 << 30, 0  # force one path each
         for rows in (16, 32, 64, 128, 256):
             x = torch.randn(rows, HIDDEN, dtype=torch.bfloat16)
             t_gemv = min(_time(lambda x=x, f=gemv: f(x)) for _ in range(rounds))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftlm.backends.cpu.kernels.amx_linear_cpu import MAX_ROWS, REQUIRED_CPU_FLAGS, load_amx_linear
+from swiftlm.backends.cpu.kernels.amx_linear_cpu import REQUIRED_CPU_FLAGS, amx_capacity, load_amx_linear
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear
@@ -53,13 +53,20 @@ def test_amx_reads_only_its_rows(amx) -> None:
     [
         (torch.zeros(8, 48, dtype=torch.bfloat16), torch.zeros(4, 48, dtype=torch.bfloat16), "multiple of 32"),
         (torch.zeros(8, 32), torch.zeros(4, 32), "bfloat16"),
-        (torch.zeros(MAX_ROWS + 1, 32, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16), "at most 32"),
         (torch.zeros(8, 64, dtype=torch.bfloat16)[:, ::2], torch.zeros(4, 32, dtype=torch.bfloat16), "contiguous"),
     ],
 )
 def test_amx_rejects_bad_inputs(amx, x, w, message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         amx(x, w)
+
+
+def test_amx_rejects_more_rows_than_it_states(amx) -> None:
+    rows = amx_capacity()
+    assert rows is not None and rows >= 16  # two bf16 tiles of 16 rows at least
+    amx(torch.zeros(rows, 32, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=f"at most {rows} rows"):
+        amx(torch.zeros(rows + 1, 32, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16))
 
 
 def test_gemv_linear_takes_amx_between_the_gemv_and_the_dense_matmul(amx) -> None:
@@ -76,13 +83,14 @@ def test_gemv_linear_takes_amx_between_the_gemv_and_the_dense_matmul(amx) -> Non
 
     torch.manual_seed(0)
     linear = nn.Linear(64, 40, bias=True).bfloat16()
-    limits = RowLimits.for_kernels(gemv=True, amx_capacity=MAX_ROWS, quant=False)
+    max_rows = amx_capacity()
+    limits = RowLimits.for_kernels(gemv=True, amx_capacity=max_rows, quant=False)
     layer = GemvLinear(linear, recording("gemv", gemv), limits, amx=recording("amx", amx))
-    assert layer.gemv_max_rows == limits.gemv == 1 and layer.amx_max_rows == MAX_ROWS
+    assert layer.gemv_max_rows == limits.gemv == 1 and layer.amx_max_rows == max_rows
     w, b = linear.weight.detach(), linear.bias.detach()
-    for rows in (1, 2, 6, MAX_ROWS, MAX_ROWS + 1):
+    for rows in (1, 2, 6, max_rows, max_rows + 1):
         x = torch.randn(rows, 64).bfloat16()
-        kernel = "gemv" if rows == 1 else "amx" if rows <= MAX_ROWS else None
+        kernel = "gemv" if rows == 1 else "amx" if rows <= max_rows else None
         want = F.linear(x, w, b) if kernel is None else (gemv if kernel == "gemv" else amx)(x, w).add_(b)
         seen.clear()
         assert torch.equal(layer(x), want)

@@ -1,4 +1,4 @@
-"""bf16 linear for small batches on CPUs with AMX (``amx_linear_cpu.cpp``): 7 rows up to its capacity.
+"""bf16 linear for small batches on CPUs with AMX (``amx_linear_cpu.cpp``): 2 rows up to its capacity.
 
 ``load_amx_kernel()`` returns an ``AmxKernel``: the compiled op ``linear(x [M, K] bf16, weight [N, K]
 bf16) -> [M, N]`` (M <= ``max_rows``, K a multiple of 32) and ``max_rows``, the capacity the kernel
@@ -66,11 +66,3 @@ def amx_capacity() -> int | None:
     """The most rows one call of the op takes, as the kernel states it, or None when unavailable."""
     kernel = load_amx_kernel()
     return None if kernel is None else kernel.max_rows
-
-
-def __getattr__(name: str) -> int:
-    """``MAX_ROWS``, for code that imports the capacity as a constant: ``amx_capacity()``, or 0 where
-    the kernel cannot run (it takes no rows there). Reading it loads the kernel."""
-    if name == "MAX_ROWS":
-        return amx_capacity() or 0
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -109,7 +109,9 @@ inline __m512 exp_ps(__m512 x) {
 inline float exp2_one(float x) { return _mm512_cvtss_f32(exp2_ps(_mm512_set1_ps(x))); }
 #endif
 
-// ---- op registration: an op's schema and its CPU kernel in one call, inside TORCH_LIBRARY ----
+// ---- op registration: an op's schema and its CPU kernel in one call, inside TORCH_LIBRARY. The
+// kernel serves CPU tensors only: others get the dispatcher's "no kernel for CUDA" error, not a
+// read of device memory. ----
 
 template <typename Fn>
 inline void def_cpu(torch::Library& lib, const char* schema, Fn* kernel) {

@@ -13,7 +13,7 @@
 //
 // linear: bf16 weights, the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows and the AMX kernel
 // (amx_linear.h) above, up to amx_rows, as GemvLinear chooses; int8 / int4 weights, the quantised
-// GEMV ops (quant_cpu.cpp), as QuantLinear does up to its GEMV_MAX_ROWS. The caller states both
+// GEMV ops (quant_cpu.cpp), as QuantLinear does up to its kernel_max_rows. The caller states both
 // limits; the op checks that a step fits them and that amx_rows fits the AMX kernel (kMaxRows).
 //
 // Why: a decode step streams ~1.2 GB of weights through the caches, which evicts everything else
