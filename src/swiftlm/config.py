@@ -152,6 +152,9 @@ class EngineConfig:
             raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none, got {self.quantization!r}")
 
 
+REASONING_PARSERS = ("qwen3", "deepseek_r1", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """The HTTP front: where it listens, who may call it, and request defaults."""
@@ -164,8 +167,15 @@ class ServerConfig:
     max_n: int = 16
     retry_after_s: int = 1  # Retry-After sent with 429 when the queue is full
     log_level: str = "info"
+    # how the answer's <think>...</think> reaches the client: "qwen3" and "deepseek_r1" (the same
+    # parser for Qwen3) move it to the reasoning fields; "none" leaves it inline in content, as vLLM
+    # does without a reasoning parser
+    reasoning_parser: str = "qwen3"
 
     def __post_init__(self) -> None:
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                              f"got {self.reasoning_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_n < 1:
