@@ -112,20 +112,28 @@ def _add_serve(sub: Any) -> None:
     h.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     h.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     h.add_argument("--api-key", help="require this bearer token (default: $SWIFTLM_API_KEY, else none)")
-    h.add_argument("--served-model-name", metavar="NAME", help="model name clients use (default: MODEL as given)")
+    h.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names clients may use, the first one reported (default: MODEL as given)")
     h.add_argument("--default-chat-template-kwargs", metavar="JSON",
                    help='chat template kwargs for every request, e.g. \'{"enable_thinking": false}\'')
     h.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for (default: 16)")
     h.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"), default="info")
+    from swiftlm.server.vllm_flags import add_vllm_flags
+
+    add_vllm_flags(p)
     p.set_defaults(func=_run_serve)
 
 
 # -- serve -------------------------------------------------------------------------------------
 def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     """The engine and server configs that ``swiftlm serve`` flags describe (raises ConfigError)."""
+    from swiftlm.server.vllm_flags import check_vllm_flags, max_queue_wait, read_chat_template
+
+    check_vllm_flags(args)
     cache = CacheConfig(
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
         session_ttl=args.session_ttl,
         max_session_tokens=args.max_session_tokens,
@@ -135,11 +143,12 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         max_queued_requests=args.max_queued_requests,
-        max_queue_wait=args.max_queue_wait,
+        max_queue_wait=max_queue_wait(args),
     )
     engine = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler,
         cpu_kernels=args.cpu_kernels, cpu_prepack={"auto": None, "on": True, "off": False}[args.cpu_prepack],
+        chat_template=read_chat_template(args.chat_template),
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:
@@ -148,10 +157,11 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         host=args.host,
         port=args.port,
         api_key=args.api_key or os.environ.get("SWIFTLM_API_KEY") or None,
-        served_model_name=args.served_model_name,
+        served_model_names=tuple(args.served_model_name or ()),
         default_chat_template_kwargs=template_kwargs,
         max_n=args.max_n,
         log_level=args.log_level,
+        reasoning_parser=args.reasoning_parser,
     )
     return engine, server
 
@@ -159,8 +169,10 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
 def _run_serve(args: argparse.Namespace) -> int:
     engine_config, server_config = build_configs(args)
     from swiftlm.server.launch import serve
+    from swiftlm.server.vllm_flags import no_effect
 
-    serve(engine_config, server_config, None if args.quantization == "none" else args.quantization)
+    quantization = None if args.quantization == "none" else args.quantization
+    serve(engine_config, server_config, quantization, no_effect=no_effect(args))
     return 0
 
 

@@ -92,7 +92,11 @@ class CacheConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes; None: a fraction of available memory
     memory_fraction: float = 0.3
-    num_blocks: int | None = None  # overrides both of the above (tests)
+    # CUDA only (vLLM's --gpu-memory-utilization): the share of the device's memory that weights and
+    # KV together may take; the pool gets what the weights leave. No effect on a CPU, whose pool
+    # keeps the budget above (never a share of a shared machine's RAM this large)
+    gpu_memory_utilization: float | None = None
+    num_blocks: int | None = None  # overrides all of the above (tests)
     enable_prefix_caching: bool = True
     session_ttl: float = 600.0  # seconds an idle session keeps its KV
     max_session_tokens: int | None = None  # global budget of pinned session tokens; None: half the pool
@@ -102,6 +106,8 @@ class CacheConfig:
             raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
         if not 0.0 < self.memory_fraction <= 0.95:
             raise ConfigError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ConfigError(f"num_blocks must be at least 2 (one is the null block), got {self.num_blocks}")
 
@@ -128,6 +134,7 @@ class SchedulerConfig:
 
 
 QUANTIZATIONS = ("int8", "int4")
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +153,10 @@ class EngineConfig:
     cpu_disable_kernels: tuple[str, ...] = ()
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    chat_template: str | None = None  # Jinja source replacing the tokenizer's own template
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # vLLM's "half", "float"
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none, got {self.quantization!r}")
 
@@ -162,7 +171,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
-    served_model_name: str | None = None  # None: the model argument as given
+    served_model_names: tuple[str, ...] = ()  # names clients may use, the first one reported; (): the model argument
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_n: int = 16
     retry_after_s: int = 1  # Retry-After sent with 429 when the queue is full
@@ -173,6 +182,9 @@ class ServerConfig:
     reasoning_parser: str = "qwen3"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
+        if not all(isinstance(name, str) and name for name in self.served_model_names):
+            raise ConfigError(f"served model names must be non-empty strings, got {self.served_model_names!r}")
         if self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                               f"got {self.reasoning_parser!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from swiftlm.backends import Backend
-from swiftlm.config import CacheConfig, EngineConfig, SchedulerConfig
+from swiftlm.config import REASONING_PARSERS, CacheConfig, ConfigError, EngineConfig, SchedulerConfig
 from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
@@ -20,15 +21,45 @@ from swiftlm.text.session_prompt import SessionPrompts
 Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
 _SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
+_ENGINE_KEYS = {"seed", "quantization", "cpu_prepack", "cpu_kernels", "cpu_disable_kernels", "chat_template"}
+# vLLM's LLM(...) arguments that change nothing here, and why (accepted so vLLM code runs as written)
+VLLM_NO_OPS = {
+    "enable_reasoning": "the offline API returns the text as generated, <think> included, as vLLM's does",
+    "enforce_eager": "no CUDA graphs are captured yet: every step runs eagerly",
+    "swap_space": "preempted requests are recomputed, never swapped to CPU memory",
+    "trust_remote_code": "no code from a checkpoint is ever run",
+    "disable_log_stats": "no periodic stats line is logged",
+    "tokenizer_mode": "the model's tokenizer.json is always used",
+    "max_seq_len_to_capture": "no CUDA graphs are captured",
+    "disable_custom_all_reduce": "one device: there is no all-reduce",
+    "num_scheduler_steps": "one engine step per schedule",
+}
+# vLLM's arguments that are accepted only at the value swiftlm runs with
+_VLLM_FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tensor_parallel_size": ((1,), "one device per replica: scale out with replicas"),
+    "pipeline_parallel_size": ((1,), "one device per replica: scale out with replicas"),
+    "cpu_offload_gb": ((0, 0.0), "weights are not offloaded"),
+    "revision": ((None, "main"), "the hub snapshot or local directory given as model is used"),
+}
 _PROGRESS_MIN = 16  # show a progress bar from this many prompts on
+logger = logging.getLogger("swiftlm")
 
 
 def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs: Any) -> EngineConfig:
-    """Split flat keyword arguments (vLLM style) into the engine's config dataclasses."""
-    unknown = set(kwargs) - _CACHE_KEYS - _SCHED_KEYS - {"seed", "quantization", "cpu_prepack", "cpu_kernels",
-                                                         "cpu_disable_kernels"}
+    """Split flat keyword arguments (vLLM style) into the engine's config dataclasses.
+
+    Besides the fields of CacheConfig and SchedulerConfig (``max_model_len``, ``block_size``,
+    ``gpu_memory_utilization``, ``max_num_seqs`` ...), vLLM's constructor names are accepted:
+    ``reasoning_parser`` (one of REASONING_PARSERS; the offline text keeps its reasoning inline
+    either way), ``tokenizer`` (None or the model itself), the no-ops of ``VLLM_NO_OPS`` and the
+    fixed values of ``_VLLM_FIXED``. Anything else is a TypeError listing what is known.
+    """
+    kwargs = _take_vllm_arguments(model, device, kwargs)
+    known = _CACHE_KEYS | _SCHED_KEYS | _ENGINE_KEYS
+    unknown = set(kwargs) - known
     if unknown:
-        raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}")
+        everything = sorted(known | set(VLLM_NO_OPS) | set(_VLLM_FIXED) | {"reasoning_parser", "tokenizer"})
+        raise TypeError(f"unknown engine arguments: {', '.join(sorted(unknown))}; known: {', '.join(everything)}")
     cache = CacheConfig(**{k: v for k, v in kwargs.items() if k in _CACHE_KEYS})
     sched = SchedulerConfig(**{k: v for k, v in kwargs.items() if k in _SCHED_KEYS})
     quantization = kwargs.get("quantization")
@@ -37,15 +68,44 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         quantization=None if quantization in (None, "none") else quantization,
         cpu_prepack=kwargs.get("cpu_prepack"), cpu_kernels=kwargs.get("cpu_kernels", True),
         cpu_disable_kernels=tuple(kwargs.get("cpu_disable_kernels", ())),
-        cache=cache, scheduler=sched,
+        cache=cache, scheduler=sched, chat_template=kwargs.get("chat_template"),
     )
+
+
+def _take_vllm_arguments(model: str, device: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` less vLLM's arguments that have no config field here, after checking them and
+    logging, in one line, those asked for that do not happen on ``device``."""
+    kwargs = dict(kwargs)
+    parser = kwargs.pop("reasoning_parser", None)
+    if parser is not None and parser not in REASONING_PARSERS:
+        raise ConfigError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {parser!r}")
+    tokenizer = kwargs.pop("tokenizer", None)
+    if tokenizer not in (None, model):
+        raise ConfigError(f"tokenizer {tokenizer!r}: swiftlm loads the tokenizer from the model directory ({model!r})")
+    for name, (allowed, why) in _VLLM_FIXED.items():
+        if name in kwargs and kwargs.pop(name) not in allowed:
+            raise ConfigError(f"{name} must be {allowed[0]!r} here: {why}")
+    given = {name: kwargs.pop(name) for name in VLLM_NO_OPS if name in kwargs}
+    unmet = []  # asked for, and not what happens here
+    if given.get("swap_space"):
+        unmet.append(f"swap_space ({VLLM_NO_OPS['swap_space']})")
+    if (given.get("num_scheduler_steps") or 1) > 1:
+        unmet.append(f"num_scheduler_steps ({VLLM_NO_OPS['num_scheduler_steps']})")
+    if kwargs.get("gpu_memory_utilization") is not None and not device.startswith("cuda"):
+        unmet.append("gpu_memory_utilization (on a CPU the KV pool keeps its own budget, kv_cache_memory)")
+    if unmet:
+        logger.warning("LLM arguments with no effect on %s: %s", device, "; ".join(unmet))
+    return kwargs
 
 
 class LLM:
     """``LLM(model, dtype, device, **engine_kwargs)`` with ``generate`` and ``chat``.
 
     Engine keyword arguments are the fields of CacheConfig and SchedulerConfig, e.g.
-    ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_blocks``.
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``num_blocks``, and
+    vLLM's constructor names (``engine_config``), so that
+    ``LLM(model=..., enable_reasoning=True, reasoning_parser="deepseek_r1", gpu_memory_utilization=0.82,
+    max_model_len=8192, block_size=32)`` runs as written.
     """
 
     def __init__(
@@ -91,7 +151,11 @@ class LLM:
         *,
         enable_thinking: bool | None = None,
     ) -> RequestOutput:
-        """One chat turn; thinking as in ``chat_prompt``."""
+        """One chat turn; thinking as in ``chat_prompt``. With ``session_id``, ``messages`` may be
+        the whole conversation or only the new messages (appended to the session's transcript;
+        see ``swiftlm.text.session_prompt``); ``close_session`` starts over."""
+        if session_id is not None:
+            messages = self._session_prompts.conversation(session_id, messages)
         prompt = self.chat_prompt(
             messages, chat_template_kwargs, tools, session_id, enable_thinking=enable_thinking
         )
@@ -189,6 +253,7 @@ class LLM:
     def _run(self, request_ids: list[str], show_progress: bool) -> list[RequestOutput]:
         finals: dict[str, RequestOutput] = {}
         merged: dict[str, dict[int, CompletionOutput]] = {rid: {} for rid in request_ids}
+        prompt_logprobs: dict[str, list[dict[int, float] | None]] = {}  # sent once, in some delta
         bar = tqdm(total=len(request_ids), desc="generate", disable=not show_progress)
         pending = set(request_ids)
         while pending:
@@ -198,8 +263,11 @@ class LLM:
                 seqs = merged[out.request_id]
                 for delta in out.outputs:
                     _merge(seqs, delta)
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs[out.request_id] = out.prompt_logprobs
                 if out.finished:
                     out.outputs = [seqs[i] for i in sorted(seqs)]
+                    out.prompt_logprobs = prompt_logprobs.get(out.request_id)
                     finals[out.request_id] = out
                     pending.discard(out.request_id)
                     bar.update(1)

@@ -59,7 +59,7 @@ class PlainLLM:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.tokenizer.eos_token_ids)
-        max_tokens = params.max_tokens or self.max_model_len
+        max_tokens = self.max_model_len if params.max_tokens is None else params.max_tokens
         tokens = list(prompt_token_ids)
         new = tokens
         generated = 0

@@ -148,7 +148,7 @@ def test_build_configs_maps_every_serve_flag() -> None:
         cpu_prepack=True,
     )  # fmt: skip
     assert server == ServerConfig(
-        host="0.0.0.0", port=9001, api_key="sk-test", served_model_name="qwen3-0.6b",
+        host="0.0.0.0", port=9001, api_key="sk-test", served_model_names=("qwen3-0.6b",),
         default_chat_template_kwargs={"enable_thinking": False}, max_n=4, log_level="debug",
     )  # fmt: skip
     assert args.quantization == "int8"

@@ -56,3 +56,12 @@ def test_closed_session_is_dropped_from_both(tiny_tied_dir: Path) -> None:
     assert llm.engine.session_tokens("s") is None
     assert llm.chat_prompt(messages, OFF, session_id="s")["prompt_token_ids"] == fresh_render(llm, messages)
     assert not llm.close_session("s")
+
+
+def test_chat_with_only_the_new_message_equals_the_whole_conversation(tiny_tied_dir: Path) -> None:
+    llm = LLM(str(tiny_tied_dir), dtype="float32")
+    messages, stream = first_turn(llm)
+    whole = llm.chat_prompt(messages, OFF, session_id="s")["prompt_token_ids"]
+    second = llm.chat(messages[-1:], PARAMS, OFF, session_id="s")  # only "再见"
+    assert second.prompt_token_ids == whole and whole[: len(stream) - 1] == stream[:-1]
+    assert second.num_cached_tokens > 0

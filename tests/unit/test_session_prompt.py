@@ -130,3 +130,53 @@ def test_a_stream_other_than_the_recorded_turns_renders_fresh(prompts, kv) -> No
     assert prompts.prompt("s", messages, KWARGS)[1] == fresh_ids(prompts.tokenizer, messages)
     assert "s" not in prompts
 
+
+
+# ---------------------------------------------------------------- which conversation a request means
+
+
+def test_only_the_new_messages_are_appended_to_the_transcript(prompts, kv) -> None:
+    messages, stream = two_turns(prompts, kv)
+    new = [{"role": "user", "content": "再见"}]
+    conversation = prompts.conversation("s", new)
+    assert conversation == messages  # system + turn 1 + the new question
+    text, ids = prompts.prompt("s", conversation, KWARGS)
+    assert ids[: len(stream) - 1] == stream[:-1]  # extends the real stream
+    assert "你好" in text and "Hello!" in text and "再见" in text
+
+
+def test_a_resent_system_prompt_is_not_repeated(prompts, kv) -> None:
+    messages, _ = two_turns(prompts, kv)
+    assert prompts.conversation("s", [SYSTEM, {"role": "user", "content": "再见"}]) == messages
+    other = {"role": "system", "content": "From now on, answer in French."}
+    assert prompts.conversation("s", [other, messages[-1]]) == [*messages[:-1], other, messages[-1]]
+
+
+def test_a_matching_history_continues_and_an_edited_one_renders_fresh(prompts, kv) -> None:
+    messages, stream = two_turns(prompts, kv)
+    assert prompts.conversation("s", messages) == messages  # a history is taken as sent
+    assert prompts.prompt("s", messages, KWARGS)[1][: len(stream) - 1] == stream[:-1]
+    edited = [*messages[:2], {"role": "assistant", "content": "Hi, how can I help?"}, messages[-1]]
+    assert prompts.conversation("s", edited) == edited  # never appended to the transcript
+    assert prompts.prompt("s", edited, KWARGS)[1] == fresh_ids(prompts.tokenizer, edited)
+    trimmed = messages[1:]  # the system prompt dropped
+    assert prompts.conversation("s", trimmed) == trimmed
+    assert prompts.prompt("s", trimmed, KWARGS)[1] == fresh_ids(prompts.tokenizer, trimmed)
+
+
+def test_reset_starts_the_conversation_over(prompts, kv) -> None:
+    two_turns(prompts, kv)
+    new = [{"role": "user", "content": "再见"}]
+    assert prompts.conversation("s", new, reset=True) == new
+    assert "s" not in prompts
+    assert prompts.prompt("s", new, KWARGS)[1] == fresh_ids(prompts.tokenizer, new)
+
+
+def test_new_messages_without_a_live_session_are_the_whole_conversation(prompts, kv, clock) -> None:
+    new = [{"role": "user", "content": "再见"}]
+    assert prompts.conversation("never-opened", new) == new
+    assert prompts.conversation(None, new) == new
+    two_turns(prompts, kv)
+    clock.now = TTL + 1.0  # expired: the transcript went with the KV
+    assert prompts.conversation("s", new) == new
+    assert "s" not in prompts

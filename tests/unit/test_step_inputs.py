@@ -13,8 +13,19 @@ BS = 4  # block size
 
 def scheduled(computed: int, new: int, blocks: list[int], samples: bool = True) -> SimpleNamespace:
     tokens = list(range(100 * len(blocks), 100 * len(blocks) + computed + new))
-    request = SimpleNamespace(num_computed_tokens=computed, all_token_ids=tokens, block_ids=blocks)
+    request = SimpleNamespace(num_computed_tokens=computed, all_token_ids=tokens, block_ids=blocks, prompt_logprobs=None)
     return SimpleNamespace(request=request, num_new_tokens=new, samples=samples)
+
+
+def scoring(computed: int, new: int, prompt: list[int], scored: int, top_k: int = 1) -> SimpleNamespace:
+    """A request with prompt_logprobs: ``scored`` prompt entries already held (the first is None)."""
+    s = scheduled(computed, new, [1, 2, 3, 4])
+    r = s.request
+    r.all_token_ids, r.prompt_token_ids, r.num_prompt_tokens = list(prompt), list(prompt), len(prompt)
+    r.prompt_logprobs = [None] + [{}] * (scored - 1)
+    r.sampling_params = SimpleNamespace(prompt_logprobs=top_k)
+    s.samples = computed + new == len(prompt)
+    return s
 
 
 def test_prefill_chunk_decode_and_partial_chunk() -> None:
@@ -41,3 +52,31 @@ def test_single_decode_row() -> None:
     got = build_step_inputs([scheduled(4, 1, [2, 9])], BS)
     assert got.positions.tolist() == [4] and got.attention.slot_mapping.tolist() == [9 * BS]
     assert got.attention.block_tables.shape == (1, 2)
+
+
+def test_requests_without_prompt_logprobs_get_no_prompt_rows() -> None:
+    steps = [scheduled(2, 5, [7, 3], samples=False), scheduled(9, 1, [1, 2, 5]), scheduled(0, 3, [6])]
+    assert build_step_inputs(steps, BS).prompt_rows == []
+
+
+def test_prompt_rows_across_chunks() -> None:
+    prompt = [50 + i for i in range(7)]
+    # chunk 1 (positions 0..3) beside a decode row: rows 0..3 score prompt tokens 1..4
+    first = build_step_inputs([scheduled(9, 1, [1, 2, 5]), scoring(0, 4, prompt, scored=1, top_k=3)], BS)
+    (rows,) = first.prompt_rows
+    assert (rows.request, rows.start, rows.targets, rows.top_k) == (1, 1, prompt[1:5], 3)
+    assert first.sampling_requests == [0]
+    # chunk 2 (positions 4..6): rows at 4 and 5 score tokens 5 and 6; the last row samples
+    second = build_step_inputs([scoring(4, 3, prompt, scored=5)], BS)
+    (rows,) = second.prompt_rows
+    assert (rows.start, rows.targets) == (0, prompt[5:7])
+    assert second.logits_indices.tolist() == [2]
+
+
+def test_recompute_after_preemption_skips_scored_tokens() -> None:
+    prompt = [50 + i for i in range(7)]
+    again = build_step_inputs([scoring(0, 7, prompt, scored=5)], BS)  # tokens 1..4 already scored
+    (rows,) = again.prompt_rows
+    assert (rows.start, rows.targets) == (4, prompt[5:7])
+    done = build_step_inputs([scoring(0, 7, prompt, scored=7)], BS)
+    assert done.prompt_rows == []

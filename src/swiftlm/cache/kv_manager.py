@@ -40,17 +40,22 @@ class KVCacheManager:
     def admit(self, request: Request, token_budget: int, now: float) -> int:
         """Give a waiting request (holding no blocks) its reusable KV and blocks for its next chunk.
 
-        Reuse comes from the request's session or the prefix cache, whichever covers more.
+        Reuse comes from the request's session or the prefix cache, whichever covers more. A
+        request still owed prompt logprobs reuses nothing: reused KV has no logits, so its whole
+        prompt is recomputed (in the same pass that scores it). Its blocks are still keyed in the
+        prefix cache as they fill (a block whose key is already cached stays unkeyed), and its
+        session, if any, is replaced by this request's blocks when it finishes.
         Returns the number of tokens to compute this step, or 0 if the blocks are not there (then
         nothing changed).
         """
         assert not request.block_ids and request.num_computed_tokens == 0
         tokens = request.all_token_ids
         bs = self.block_size
+        reuse = not request.needs_prompt_logprobs
         session_tokens = session_blocks = 0
-        if request.session_id is not None:
+        if request.session_id is not None and reuse:
             session_tokens, session_blocks = self.sessions.reusable(request.session_id, tokens, now)
-        hits = self.prefix_cache.match(tokens, len(tokens) - 1)
+        hits = self.prefix_cache.match(tokens, len(tokens) - 1) if reuse else []
         use_session = session_tokens > 0 and session_tokens >= len(hits) * bs
         reused = session_tokens if use_session else len(hits) * bs
         num_new = min(len(tokens) - reused, token_budget)

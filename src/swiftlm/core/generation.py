@@ -42,10 +42,17 @@ class GenerationRequest:
             raise ValueError("a request cannot both stream its outputs and report only the final one")
 
 
+# OpenAI's reasoning_effort values: whether each turns thinking on, and its default thinking budget
+# (reasoning tokens; None: no limit). An explicit thinking_budget wins over these budgets.
+REASONING_EFFORT_THINKING: dict[str, bool] = {"none": False, "minimal": False, "low": True, "medium": True, "high": True}
+REASONING_EFFORT_BUDGETS: dict[str, int | None] = {"low": 256, "medium": 1024, "high": None}
+
+
 def resolve_thinking(
     *,
     enable_thinking: bool | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    reasoning_effort: str | None = None,
     default_template_kwargs: Mapping[str, Any] | None = None,
     can_think: bool = True,
 ) -> bool:
@@ -62,11 +69,13 @@ def resolve_thinking(
     1     the request's top-level ``enable_thinking``                server (field or ``extra_body``),
                                                                      ``LLM.chat``, CLI ``--no-think``
     2     the request's ``chat_template_kwargs.enable_thinking``     server, ``LLM.chat``
-    ..    (reserved) the request's ``reasoning_effort``
-    3     the server's default chat_template_kwargs                  server
+    3     the request's ``reasoning_effort``: "none" / "minimal"     server (field or ``extra_body``)
+          off; "low" / "medium" / "high" on (their default
+          budgets: ``resolve_thinking_budget``)
+    4     the server's default chat_template_kwargs                  server
           (``--default-chat-template-kwargs``)
     ..    (reserved) an automatic mode (the server decides per prompt)
-    4     on (Qwen3's default)                                       all
+    5     on (Qwen3's default)                                       all
     ====  =========================================================  ==================================
 
     Every row is resolved before the chat template renders, and the template is given the result
@@ -76,7 +85,24 @@ def resolve_thinking(
         return False
     if enable_thinking is not None:
         return bool(enable_thinking)
-    for kwargs in (template_kwargs, default_template_kwargs):
-        if kwargs and kwargs.get("enable_thinking") is not None:
-            return bool(kwargs["enable_thinking"])
+    if template_kwargs and template_kwargs.get("enable_thinking") is not None:
+        return bool(template_kwargs["enable_thinking"])
+    if reasoning_effort is not None:
+        if reasoning_effort not in REASONING_EFFORT_THINKING:
+            raise ValueError(
+                f"reasoning_effort must be one of {', '.join(REASONING_EFFORT_THINKING)}, got {reasoning_effort!r}"
+            )
+        return REASONING_EFFORT_THINKING[reasoning_effort]
+    if default_template_kwargs and default_template_kwargs.get("enable_thinking") is not None:
+        return bool(default_template_kwargs["enable_thinking"])
     return True
+
+
+def resolve_thinking_budget(thinking_budget: int | None, reasoning_effort: str | None) -> int | None:
+    """The reasoning-token budget of a request: an explicit ``thinking_budget`` (or vLLM's
+    ``thinking_token_budget``) wins; else ``reasoning_effort``'s default
+    (``REASONING_EFFORT_BUDGETS``: low 256, medium 1024, high no limit); else no limit. The budget
+    counts only while thinking is on, whichever row of ``resolve_thinking`` turned it on."""
+    if thinking_budget is not None:
+        return thinking_budget
+    return REASONING_EFFORT_BUDGETS.get(reasoning_effort) if reasoning_effort is not None else None

@@ -47,3 +47,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     extra: dict = field(default_factory=dict)
+    # with ``SamplingParams.prompt_logprobs=k``: one entry per prompt token, the first None, then
+    # token id -> logprob holding the prompt token's and the k most likely tokens' at that position.
+    # Sent once, in the first output after the whole prompt is computed (None in the others).
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -61,11 +61,16 @@ class Request:
     forced_tokens: deque[int] = field(default_factory=deque)
     thinking_closed: bool = False
     cumulative_logprob: float = 0.0
+    # the lead sequence of a request with ``prompt_logprobs``: one entry per prompt token scored so
+    # far (the first is None: nothing predicts it); None for every other request
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        if self.index == 0 and self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
         if self.sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
 
@@ -89,6 +94,12 @@ class Request:
     def is_prefilling(self) -> bool:
         """More than one token left to compute (prompt, or recompute after preemption)."""
         return self.num_tokens - self.num_computed_tokens > 1
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Some prompt tokens still lack their logprobs. Such a request computes its whole prompt
+        (no prefix-cache or session reuse): reused KV has no logits to score it with."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -14,9 +14,10 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """This step brings the request level with its tokens, so it samples the next one."""
+        """This step brings the request level with its tokens, so it samples the next one (unless
+        the request generates nothing: ``max_tokens=0`` only scores its prompt)."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens and r.sampling_params.max_tokens != 0
 
 
 @dataclass(slots=True)

@@ -54,6 +54,7 @@ class _Parent:
     prompt_token_ids: list[int]
     children: list[Request]
     final_only: bool = False
+    prompt_logprobs_sent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ class Engine:
         t0 = time.perf_counter()
         # the tokenizer (~0.5 s of parsing, mostly outside the GIL) loads while the weights do
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-tokenizer") as pool:
-            tokenizer = pool.submit(Tokenizer.from_dir, self.model_dir)
+            tokenizer = pool.submit(Tokenizer.from_dir, self.model_dir, config.chat_template)
             self.backend = backend if backend is not None else build_backend(config)
             self.model = load_model(self.model_dir, self.dtype, config.device)
             self.backend.prepare(self.model, config.quantization)
@@ -95,7 +96,7 @@ class Engine:
         sched = config.scheduler
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
         kv_dtype = self.model.model.embed_tokens.weight.dtype
-        num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens)
+        num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens, config.device)
         self.kv_cache = self.backend.allocate_kv_cache(mcfg, num_blocks, cache.block_size, kv_dtype)
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
@@ -184,7 +185,7 @@ class Engine:
                 f"max_tokens {params.max_tokens} exceeds the context window of {self.max_model_len} "
                 f"minus the prompt's {len(ids)} tokens"
             )
-        need = -(-(len(ids) + (params.max_tokens or room)) // self.kv.block_size)
+        need = -(-(len(ids) + (room if params.max_tokens is None else params.max_tokens)) // self.kv.block_size)
         if need > self.kv.pool.num_usable_blocks:
             raise RequestError(
                 f"the prompt and max_tokens need {need} KV blocks but the cache has only "
@@ -263,15 +264,21 @@ class Engine:
             return [s.request for s in plan.scheduled]
         now = time.monotonic()
         touched = []
-        for s, result in zip(plan.scheduled, results, strict=True):
+        for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
             request = s.request
             request.num_computed_tokens += s.num_new_tokens
             request.metrics.num_computed_prompt_tokens += min(
                 s.num_new_tokens, max(0, request.num_prompt_tokens - (request.num_computed_tokens - s.num_new_tokens))
             )
             self.kv.register_computed(request)
+            scored = results.prompt_logprobs.get(i)
+            if scored is not None and request.prompt_logprobs is not None:
+                request.prompt_logprobs.extend(scored)
             if result is not None:
                 self._append(request, result, now)
+                touched.append(request)
+            elif request.sampling_params.max_tokens == 0 and request.num_computed_tokens >= request.num_tokens:
+                self.scheduler.finish(request, FinishReason.LENGTH, now)  # the prompt is all it asked for
                 touched.append(request)
         return touched
 
@@ -378,6 +385,9 @@ class Engine:
             stream.new_text, stream.new_token_ids, stream.new_logprobs = "", [], []
         finished = all(c.is_finished for c in parent.children)
         lead = parent.children[0]
+        prompt_logprobs = None
+        if not parent.prompt_logprobs_sent and lead.prompt_logprobs is not None and not lead.needs_prompt_logprobs:
+            prompt_logprobs, parent.prompt_logprobs_sent = lead.prompt_logprobs, True
         error = next((c.error for c in children if c.error), None)
         if finished:
             del self._parents[parent.request_id]
@@ -392,4 +402,5 @@ class Engine:
             num_cached_tokens=max(0, lead.num_cached_tokens),
             metrics=lead.metrics,
             error=error,
+            prompt_logprobs=prompt_logprobs,
         )

@@ -8,18 +8,35 @@ The step's tokens are the scheduled chunks of all requests, concatenated:
     query_start:  [0, 5, 6, 9]      seq_lens: [c0+5, c1+1, c2+3]      (c = tokens computed before)
 
 A token at position p of request r goes to slot ``block_ids[p // block_size] * block_size +
-p % block_size`` of the paged pools. Only requests that sample get a logits row.
+p % block_size`` of the paged pools. Only requests that sample get a logits row, and the lead
+sequence of a request with ``prompt_logprobs`` gets one more for each prompt row whose successor
+still needs scoring (``PromptRows``). The row at position q predicts the token at q + 1, so a
+chunk's last row scores the next chunk's first token:
+
+    prompt:        t0 t1 t2 t3 t4 t5 t6        (P = 7; t0 has no logprob)
+    chunk 1:       t0 t1 t2 t3                 rows at q = 0..3 score t1..t4
+    chunk 2:                   t4 t5 t6        rows at q = 4, 5 score t5, t6; q = 6 samples
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from swiftlm.core.schedule import ScheduledRequest
 from swiftlm.core.step import AttentionMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRows:
+    """Consecutive flat rows of one request whose logits score the prompt tokens after them."""
+
+    request: int  # index into the scheduled list
+    start: int  # first flat row
+    targets: list[int]  # the prompt tokens those rows predict, one per row
+    top_k: int  # how many most likely tokens to report besides the target
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +46,7 @@ class StepInputs:
     attention: AttentionMetadata
     logits_indices: torch.Tensor  # [S] flat rows whose logits are sampled (last row of a request)
     sampling_requests: list[int]  # [S] index into the scheduled list of each sampling request
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # empty unless a request asks
 
 
 def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu") -> StepInputs:
@@ -44,6 +62,7 @@ def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, de
     decode_rows: list[int] = []
     prefill_rows: list[int] = []
     tables: list[list[int]] = []
+    prompt_rows: list[PromptRows] = []
     for i, s in enumerate(scheduled):
         r, n = s.request, s.num_new_tokens
         c = r.num_computed_tokens
@@ -58,6 +77,15 @@ def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, de
         if s.samples:
             logits_rows.append(query_start[-1] - 1)
             sampling.append(i)
+        if r.prompt_logprobs is not None:
+            # rows at positions [q0, q1) score prompt tokens q0 + 1 .. q1 not scored yet (after a
+            # preemption the recompute skips those it already has)
+            q0 = max(c, len(r.prompt_logprobs) - 1)
+            q1 = min(c + n, r.num_prompt_tokens - 1)
+            if q0 < q1:
+                start = query_start[-2] + q0 - c
+                targets = r.prompt_token_ids[q0 + 1 : q1 + 1]
+                prompt_rows.append(PromptRows(i, start, targets, r.sampling_params.prompt_logprobs or 0))
     max_blocks = max((len(b) for b in tables), default=1) or 1
     padded = [list(b) + [0] * (max_blocks - len(b)) for b in tables]  # padded with the null block 0
     block_tables = torch.tensor(padded, dtype=torch.int64).view(len(tables), max_blocks)
@@ -75,4 +103,5 @@ def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, de
         attention=meta,
         logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
         sampling_requests=sampling,
+        prompt_rows=prompt_rows,
     )

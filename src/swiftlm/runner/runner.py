@@ -1,6 +1,10 @@
 """ModelRunner: runs one scheduled step through the model and samples. Makes no policy decisions.
 
-Device-agnostic: the backend it is given runs the forward pass and owns attention over the KV cache."""
+Device-agnostic: the backend it is given runs the forward pass and owns attention over the KV cache.
+
+Prompt logprobs come from the same forward pass as the prompt: the rows ``PromptRows`` names get
+logits too (float32 log-softmax), a slice of rows at a time, so a long chunk holds at most
+``PROMPT_LOGITS_ROWS`` x vocab floats at once. Steps without such rows run exactly as before."""
 
 from __future__ import annotations
 
@@ -13,14 +17,24 @@ from swiftlm.backends.base import Backend
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.qwen3 import Qwen3ForCausalLM
-from swiftlm.runner.inputs import build_step_inputs
+from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
 from swiftlm.runner.sampler import Sampler, SamplingRow
+
+PROMPT_LOGITS_ROWS = 128  # prompt rows scored per lm_head call (bounds the [rows, vocab] buffer)
 
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
     token_id: int
     logprobs: dict[int, float] | None  # sampled token first, then the top tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    sampled: list[SampledToken | None]  # per scheduled request: its token, or None (mid-prefill chunk)
+    # scheduled index -> logprobs of the prompt tokens this step scored, in order: the target token
+    # first, then the top tokens (only requests with prompt_logprobs appear)
+    prompt_logprobs: dict[int, list[dict[int, float]]]
 
 
 class ModelRunner:
@@ -33,15 +47,22 @@ class ModelRunner:
         self.device = backend.device
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, rows: Sequence[SamplingRow]) -> list[SampledToken | None]:
-        """One result per scheduled request: the sampled token, or None (mid-prefill chunk).
+    def execute(self, step: SchedulerOutput, rows: Sequence[SamplingRow]) -> StepResult:
+        """The sampled token of each scheduled request (None mid-prefill) and the prompt logprobs
+        the step computed.
 
         ``rows`` holds the sampling settings of the requests that sample, in scheduled order.
         """
         inputs = build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device)
-        results: list[SampledToken | None] = [None] * len(step.scheduled)
         attention = self.attention.bind(inputs.attention)
         hidden = self.backend.forward(self.model, inputs.input_ids, inputs.positions, attention)
+        prompt = {p.request: self._score_prompt(hidden, p) for p in inputs.prompt_rows}
+        return StepResult(self._sample(hidden, inputs, rows, len(step.scheduled)), prompt)
+
+    def _sample(
+        self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], num_scheduled: int
+    ) -> list[SampledToken | None]:
+        results: list[SampledToken | None] = [None] * num_scheduled
         if not inputs.sampling_requests:
             return results
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32
@@ -55,3 +76,24 @@ class ModelRunner:
                     logprobs.setdefault(tid, lp)
             results[i] = SampledToken(token, logprobs)
         return results
+
+    def _score_prompt(self, hidden: torch.Tensor, rows: PromptRows) -> list[dict[int, float]]:
+        """For each row: the logprob of the prompt token it predicts, then the top ``top_k``."""
+        entries: list[dict[int, float]] = []
+        for a in range(0, len(rows.targets), PROMPT_LOGITS_ROWS):
+            targets = rows.targets[a : a + PROMPT_LOGITS_ROWS]
+            h = hidden[rows.start + a : rows.start + a + len(targets)]  # [R, hidden]
+            logprobs = torch.log_softmax(self.model.compute_logits(h), dim=-1)  # [R, V] float32
+            index = torch.tensor(targets, dtype=torch.int64, device=logprobs.device)
+            picked = logprobs.gather(1, index[:, None])[:, 0].tolist()
+            if rows.top_k > 0:
+                top = torch.topk(logprobs, min(rows.top_k, logprobs.shape[-1]), dim=-1)
+                top_ids, top_values = top.indices.tolist(), top.values.tolist()
+            else:
+                top_ids = top_values = [[] for _ in targets]
+            for target, lp, ids, values in zip(targets, picked, top_ids, top_values, strict=True):
+                entry = {target: lp}
+                for tid, value in zip(ids, values, strict=True):
+                    entry.setdefault(tid, value)
+                entries.append(entry)
+        return entries

@@ -9,7 +9,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 
@@ -39,19 +39,26 @@ def _effective_config(engine_config: EngineConfig, server_config: ServerConfig, 
     server = dataclasses.asdict(server_config)
     if server.get("api_key"):
         server["api_key"] = "***"
-    return json.dumps(
-        {"engine": dataclasses.asdict(engine_config), "server": server, "quantization": quantization}, default=str
-    )
+    engine = dataclasses.asdict(engine_config)
+    if engine.get("chat_template"):
+        engine["chat_template"] = f"<{len(engine['chat_template'])} characters of Jinja>"
+    return json.dumps({"engine": engine, "server": server, "quantization": quantization}, default=str)
 
 
-def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None = None) -> None:
-    """Serve until SIGTERM/SIGINT. The port opens at once; /health is 503 until the model loads."""
+def serve(
+    engine_config: EngineConfig, server_config: ServerConfig, quantization: str | None = None,
+    no_effect: Sequence[str] = (),
+) -> None:
+    """Serve until SIGTERM/SIGINT. The port opens at once; /health is 503 until the model loads.
+
+    ``no_effect``: the flags given that change nothing on this device, with reasons (logged once)."""
     if quantization not in (None, "none"):
         engine_config = dataclasses.replace(engine_config, quantization=quantization)
     logging.basicConfig(level=server_config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logger.info("effective configuration: %s", _effective_config(engine_config, server_config, quantization))
-    model_name = server_config.served_model_name or engine_config.model
-    app = create_app(None, server_config, model_name)
+    if no_effect:
+        logger.warning("flags with no effect on %s: %s", engine_config.device, "; ".join(no_effect))
+    app = create_app(None, server_config, engine_config.model)
     state = app.state.swiftlm
     load_error: list[BaseException] = []
 
@@ -59,7 +66,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, quantization
         try:
             engine = Engine(engine_config)
             state.attach(AsyncEngine(engine))
-            logger.info("model loaded in %.2fs; serving %s", engine.load_seconds, model_name)
+            logger.info("model loaded in %.2fs; serving %s", engine.load_seconds, ", ".join(state.model_names))
         except BaseException as exc:  # reported, and the server exits
             load_error.append(exc)
             logger.exception("could not load the model")

@@ -8,6 +8,8 @@ from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.server.protocol import (
     ChoiceLogprobs,
     CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
     TokenLogprob,
     TopLogprob,
     UsageInfo,
@@ -59,6 +61,59 @@ def completion_logprobs(tokenizer: Tokenizer, seq: CompletionOutput, k: int, off
         out.top_logprobs.append({token_text(tokenizer, t): lp for t, lp in top_entries(step, k)})
         out.text_offset.append(offset)
         offset += len(text)
+    return out
+
+
+def echo_logprobs(
+    tokenizer: Tokenizer, prompt_token_ids: Sequence[int], prompt_logprobs: Sequence[dict[int, float] | None], k: int
+) -> CompletionLogprobs:
+    """The prompt's part of an ``echo`` completion's legacy ``logprobs``: every prompt token, its
+    logprob (null for the first: nothing predicts it) and the top ``k``; text offsets from 0, each
+    token's text appended to the one before."""
+    out = CompletionLogprobs()
+    offset = 0
+    for token_id, step in zip(prompt_token_ids, prompt_logprobs, strict=True):
+        text = token_text(tokenizer, token_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(None if step is None else step[token_id])
+        out.top_logprobs.append(
+            None if step is None else {token_text(tokenizer, t): lp for t, lp in top_entries(step, k)}
+        )
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def join_logprobs(first: CompletionLogprobs, then: CompletionLogprobs | None) -> CompletionLogprobs:
+    """``first``'s tokens followed by ``then``'s (the echoed prompt, then the completion)."""
+    if then is None:
+        return first
+    return CompletionLogprobs(
+        tokens=first.tokens + then.tokens,
+        token_logprobs=first.token_logprobs + then.token_logprobs,
+        top_logprobs=first.top_logprobs + then.top_logprobs,
+        text_offset=first.text_offset + then.text_offset,
+    )
+
+
+def vllm_prompt_logprobs(
+    tokenizer: Tokenizer, prompt_token_ids: Sequence[int], prompt_logprobs: Sequence[dict[int, float] | None], k: int
+) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs`` response field: per prompt token None (the first) or token id ->
+    {logprob, rank, decoded_token} for the prompt token and the top ``k``. A rank is known for the
+    top ``k`` only (a prompt token outside them has none)."""
+    out: PromptLogprobs = []
+    for token_id, step in zip(prompt_token_ids, prompt_logprobs, strict=True):
+        if step is None:
+            out.append(None)
+            continue
+        top = top_entries(step, k)
+        ranks = {tid: r for r, (tid, _) in enumerate(top, start=1)}
+        entry = {token_id: PromptLogprob(logprob=step[token_id], rank=ranks.get(token_id),
+                                         decoded_token=token_text(tokenizer, token_id))}
+        for tid, lp in top:
+            entry.setdefault(tid, PromptLogprob(logprob=lp, rank=ranks[tid], decoded_token=token_text(tokenizer, tid)))
+        out.append(entry)
     return out
 
 

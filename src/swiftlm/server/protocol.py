@@ -11,7 +11,10 @@ Requests (/v1/chat/completions, /v1/completions, /tokenize, /detokenize):
   nullable). One exception: ``CompletionRequest.max_tokens: null`` means "up to the context
   limit" (vLLM's reading); left out, it is 16 (OpenAI's default).
 - vLLM-style extensions (top_k, min_p, enable_thinking, session_id, ...) are top-level fields:
-  the OpenAI SDK's and LangChain's ``extra_body`` merge into the top level of the JSON body.
+  the OpenAI SDK's and LangChain's ``extra_body`` merge into the top level of the JSON body. A
+  client that writes the JSON by hand may instead nest them in an ``"extra_body": {...}`` object of
+  the body: its keys are read as if they were top-level, and a top-level field wins on conflict
+  (a top-level null does not hide a nested value: null means "not given").
 - Checks that need the model (vocabulary size, context window) or the server's limits (n) are in
   request_mapping.py, which also turns a request into SamplingParams and chat-template inputs.
 
@@ -76,6 +79,8 @@ def _stop_list(value: Any) -> Any:
 
 # A bare string or a list of up to 16 strings; always a list after validation.
 Stop = Annotated[list[StrictStr], BeforeValidator(_stop_list), Field(max_length=MAX_STOP_STRINGS)]
+# OpenAI's reasoning_effort; its effect on thinking: swiftlm.core.generation.resolve_thinking
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
 def new_id(prefix: str) -> str:
@@ -87,18 +92,37 @@ def _now() -> int:
 
 
 class _Request(BaseModel):
-    """Base of request models: unknown fields ignored, a null field takes its default."""
+    """Base of request models: unknown fields ignored, a null field takes its default; in a
+    request body (``reads_extra_body``) the keys of a nested ``extra_body`` object count as
+    top-level fields, the top level winning on conflict."""
 
     model_config = ConfigDict(extra="ignore")
     null_fields: ClassVar[frozenset[str]] = frozenset()  # fields where null is a value of its own
+    reads_extra_body: ClassVar[bool] = False
 
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            keep = cls.null_fields
-            return {k: v for k, v in data.items() if v is not None or k in keep}
-        return data
+        if not isinstance(data, dict):
+            return data
+        keep = cls.null_fields
+        if cls.reads_extra_body and "extra_body" in data:
+            data = _merge_extra_body(data, keep)
+        return {k: v for k, v in data.items() if v is not None or k in keep}
+
+
+def _merge_extra_body(data: dict[str, Any], null_fields: frozenset[str]) -> dict[str, Any]:
+    nested = data["extra_body"]
+    if nested is None:
+        nested = {}
+    if not isinstance(nested, dict):
+        raise ValueError("extra_body must be a JSON object of extension fields, e.g. {\"enable_thinking\": false}")
+    merged = dict(nested)
+    for key, value in data.items():
+        if key == "extra_body" or (value is None and key not in null_fields and merged.get(key) is not None):
+            continue  # a top-level null is "not given": the nested value stands
+        merged[key] = value
+    return merged
 
 
 # ---------------------------------------------------------------- messages and tools
@@ -218,7 +242,11 @@ class BaseSamplingRequest(_Request):
     ``use_cache`` is accepted and changes nothing: prefix caching is always on and never changes
     results. ``clean_up_tokenization_spaces`` is accepted and changes nothing: Qwen3's tokenizer
     does not clean up spaces (its tokenizer_config says false), and swiftlm never does.
+    ``best_of`` may be null, 1 or ``n`` (all of them the n samples returned); any other value is
+    an error: vLLM's V1 engine dropped it, and swiftlm never generates samples it does not return.
     """
+
+    reads_extra_body: ClassVar[bool] = True
 
     model: StrictStr | None = None
     n: _int(ge=1) = 1
@@ -246,6 +274,23 @@ class BaseSamplingRequest(_Request):
     request_id: Id | None = None
     use_cache: StrictBool | None = None
     clean_up_tokenization_spaces: StrictBool | None = None
+    best_of: _int(ge=1) | None = None
+    prompt_logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None  # vLLM's: score the prompt too
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> BaseSamplingRequest:
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available with stream: true (as in vLLM); send stream: false")
+        return self
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> BaseSamplingRequest:
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise ValueError(
+                f"best_of {self.best_of} is not supported (vLLM's V1 engine dropped it): leave it out, or set it "
+                f"to n ({self.n}); to choose among samples, ask for n samples with logprobs and pick on the client"
+            )
+        return self
 
 
 class ChatCompletionRequest(BaseSamplingRequest):
@@ -253,11 +298,18 @@ class ChatCompletionRequest(BaseSamplingRequest):
 
     Length limit precedence: max_completion_tokens > max_tokens > max_new_tokens > the server's
     default (see request_mapping). ``top_logprobs`` (0..20) requires ``logprobs: true``.
-    Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` > the
-    server's default template kwargs > on. ``return_reasoning: false`` drops the reasoning from
-    the response (it is still generated unless thinking is off); ``thinking_budget`` caps the
-    reasoning tokens. ``tools`` are rendered into the prompt; ``tool_choice`` "none" leaves them
-    out, and "required" or a named function are not enforced (no constrained decoding).
+    Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` >
+    ``reasoning_effort`` > the server's default template kwargs > on (the table is
+    ``swiftlm.core.generation.resolve_thinking``'s). ``return_reasoning: false`` drops the reasoning
+    from the response (it is still generated unless thinking is off); ``thinking_budget`` (vLLM's
+    name: ``thinking_token_budget``, an alias; sending both with different values is an error)
+    caps the reasoning tokens, else ``reasoning_effort``'s default budget does
+    (``swiftlm.core.generation.REASONING_EFFORT_BUDGETS``). ``tools`` are rendered into the
+    prompt; ``tool_choice`` "none" leaves them out, and "required" or a named function are not
+    enforced (no constrained decoding). ``parallel_tool_calls`` is accepted; the tools issue gives
+    it effect (today every tool call the model writes is returned). ``session_reset: true`` starts
+    the ``session_id``'s conversation over from this request's messages (see
+    ``swiftlm.text.session_prompt``).
     """
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -270,8 +322,22 @@ class ChatCompletionRequest(BaseSamplingRequest):
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: StrictBool | None = None
+    reasoning_effort: ReasoningEffort | None = None
     return_reasoning: StrictBool = True
     thinking_budget: _int(ge=0) | None = None
+    thinking_token_budget: _int(ge=0) | None = None  # vLLM's name for thinking_budget
+    session_reset: StrictBool = False
+
+    @model_validator(mode="after")
+    def _one_thinking_budget(self) -> ChatCompletionRequest:
+        if self.thinking_token_budget is not None:
+            if self.thinking_budget is not None and self.thinking_budget != self.thinking_token_budget:
+                raise ValueError(
+                    f"thinking_budget {self.thinking_budget} and thinking_token_budget {self.thinking_token_budget} "
+                    "are two names of one field; send one"
+                )
+            self.thinking_budget = self.thinking_token_budget
+        return self
 
     @field_validator("top_logprobs")
     @classmethod
@@ -302,7 +368,11 @@ def _check_prompt(value: Any) -> Any:
 class CompletionRequest(BaseSamplingRequest):
     """POST /v1/completions (legacy). ``logprobs`` is the number of top tokens per step (0..20;
     OpenAI allows 5). ``max_tokens`` defaults to 16 as in OpenAI; null means "up to the context
-    limit"; when it is left out, ``max_new_tokens`` is used if given. ``suffix`` is rejected."""
+    limit"; when it is left out, ``max_new_tokens`` is used if given. ``suffix`` is rejected.
+    ``echo: true`` returns the prompt before the completion, and with ``logprobs`` the prompt
+    tokens' logprobs first (the first token's is null: nothing predicts it); ``max_tokens: 0``
+    (only with ``echo``) scores the prompt and generates nothing. ``prompt_logprobs: k`` (vLLM's
+    field) adds each choice's ``prompt_logprobs`` list in vLLM's shape."""
 
     null_fields: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
 
@@ -310,7 +380,16 @@ class CompletionRequest(BaseSamplingRequest):
     suffix: StrictStr | None = None
     echo: StrictBool = False
     logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None
-    max_tokens: _int(ge=1) | None = 16
+    max_tokens: _int(ge=0) | None = 16
+
+    @model_validator(mode="after")
+    def _zero_tokens_needs_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError(
+                "max_tokens 0 generates nothing; it is allowed only with echo: true (to score the prompt), "
+                "else ask for at least 1"
+            )
+        return self
 
     @field_validator("suffix")
     @classmethod
@@ -333,8 +412,11 @@ class TokenizeRequest(_Request):
     add_special_tokens: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     enable_thinking: StrictBool | None = None
+    reasoning_effort: ReasoningEffort | None = None
     tools: list[Tool] | None = None
     return_token_strs: StrictBool = False
+
+    reads_extra_body: ClassVar[bool] = True
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -418,7 +500,8 @@ class ChatCompletionMessage(_Response):
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None  # current vLLM's name
+    reasoning_content: str | None = None  # older vLLM's, read by most clients; the same text
     tool_calls: list[ToolCall] | None = None
 
 
@@ -430,6 +513,19 @@ class ChatCompletionChoice(_Response):
     stop_reason: int | str | None = None  # vLLM: the stop token id or string that ended it
 
 
+class PromptLogprob(_Response):
+    """One token of a ``prompt_logprobs`` entry, as vLLM writes it (``rank``: 1 = most likely;
+    null for a prompt token outside the top k, whose exact rank is not computed)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt token, None (the first) or {token id: PromptLogprob}
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class ChatCompletionResponse(_Response):
     id: str = Field(default_factory=lambda: new_id("chatcmpl-"))
     object: Literal["chat.completion"] = "chat.completion"
@@ -438,6 +534,7 @@ class ChatCompletionResponse(_Response):
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with the request's prompt_logprobs
 
 
 class DeltaFunctionCall(_Response):
@@ -455,6 +552,7 @@ class DeltaToolCall(_Response):
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None  # as in ChatCompletionMessage: both names, the same text
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
@@ -497,6 +595,7 @@ class CompletionChoice(_Response):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with the request's prompt_logprobs
 
 
 class CompletionResponse(_Response):

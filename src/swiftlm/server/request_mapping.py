@@ -17,7 +17,9 @@ Decisions:
 - ``developer`` messages are rendered as ``system``: OpenAI's newer name for the same thing.
   Qwen3's template has no ``developer`` role (it would drop the message silently).
 - Thinking: decided by ``swiftlm.core.generation.resolve_thinking`` (its docstring holds the
-  precedence table); ``thinking_enabled`` only hands it the request's fields.
+  precedence table); ``thinking_enabled`` only hands it the request's fields. The thinking budget:
+  ``thinking_budget`` (or its alias ``thinking_token_budget``) > ``reasoning_effort``'s default
+  budget > none (``resolve_thinking_budget``).
 - ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from swiftlm.core.generation import resolve_thinking
+from swiftlm.core.generation import resolve_thinking, resolve_thinking_budget
 from swiftlm.sampling import SamplingParams
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.protocol import (
@@ -77,7 +79,8 @@ def sampling_params_from_chat(
         generation_defaults,
         vocab_size,
         max_n,
-        thinking_budget=req.thinking_budget,
+        thinking_budget=resolve_thinking_budget(req.thinking_budget, req.reasoning_effort),
+        prompt_logprobs=req.prompt_logprobs,
     )
 
 
@@ -89,9 +92,15 @@ def sampling_params_from_completion(
     vocab_size: int | None = None,
     max_n: int = DEFAULT_MAX_N,
 ) -> SamplingParams:
-    """SamplingParams for a legacy completion request (``logprobs`` is already a count)."""
+    """SamplingParams for a legacy completion request (``logprobs`` is already a count). The
+    prompt is scored (``prompt_logprobs``) for ``echo`` with ``logprobs`` and for vLLM's
+    ``prompt_logprobs``, with the larger of the two counts (each is cut to its own on output)."""
     max_tokens = completion_max_tokens(req, default_max_tokens)
-    return _sampling_params(req, max_tokens, req.logprobs, generation_defaults, vocab_size, max_n)
+    wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    return _sampling_params(
+        req, max_tokens, req.logprobs, generation_defaults, vocab_size, max_n,
+        prompt_logprobs=max(wanted) if wanted else None,
+    )
 
 
 def _sampling_params(
@@ -102,6 +111,7 @@ def _sampling_params(
     vocab_size: int | None,
     max_n: int,
     thinking_budget: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     if req.n > max_n:
         raise bad_request(f"n {req.n} exceeds this server's maximum of {max_n}", param="n")
@@ -125,6 +135,7 @@ def _sampling_params(
             logit_bias=logit_bias_ids(req.logit_bias, vocab_size),
             skip_special_tokens=req.skip_special_tokens,
             thinking_budget=thinking_budget,
+            prompt_logprobs=prompt_logprobs,
             **overrides,
         )
     except ValueError as exc:
@@ -232,6 +243,7 @@ def thinking_enabled(
     return resolve_thinking(
         enable_thinking=req.enable_thinking,
         template_kwargs=req.chat_template_kwargs,
+        reasoning_effort=req.reasoning_effort,
         default_template_kwargs=server_default_kwargs,
         can_think=can_think,
     )

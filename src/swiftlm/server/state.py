@@ -18,14 +18,20 @@ from swiftlm.text.session_prompt import SessionPrompts
 
 @dataclass(slots=True)
 class ServerState:
+    """``model_name``: the name served when ``config.served_model_names`` is empty; after init the
+    first served name (reported by default, and the metrics' label). ``model_names``: all of them."""
+
     config: ServerConfig
     model_name: str
+    model_names: tuple[str, ...] = field(init=False)
     engine: AsyncEngine | None = None  # None until the model is loaded (/health answers 503)
     session_prompts: SessionPrompts | None = None
     metrics: ServerMetrics = field(init=False)
     shutting_down: bool = False
 
     def __post_init__(self) -> None:
+        self.model_names = self.config.served_model_names or (self.model_name,)
+        self.model_name = self.model_names[0]
         self.metrics = ServerMetrics(self.model_name, self.engine_stats)
 
     def attach(self, engine: AsyncEngine) -> None:
@@ -42,13 +48,22 @@ class ServerState:
             raise service_unavailable("The model is still loading; retry shortly.", retry_after_s=2)
         return self.engine
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+    def check_model(self, model: str | None) -> str:
+        """The name a response reports: the one the client sent (any served name), else the first."""
+        if model is None:
+            return self.model_name
+        if model not in self.model_names:
+            served = ", ".join(f"'{name}'" for name in self.model_names)
             raise not_found(
-                f"The model '{model}' does not exist; this server serves '{self.model_name}'.",
+                f"The model '{model}' does not exist; this server serves {served}.",
                 param="model",
                 code="model_not_found",
             )
+        return model
+
+    def response_model(self, model: str | None) -> str:
+        """The ``model`` field of a response to a request that named ``model`` (already checked)."""
+        return self.model_name if model is None else model
 
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Hand a request to the engine, turning refusals into HTTP errors."""

@@ -20,9 +20,22 @@ keeps seeing its earlier reasoning, as it did while generating; a conversation s
 session sees the template's reasoning-free history instead. So a session turn equals the same
 token prompt sent fresh, not the fresh template rendering.
 
-The session is used only when the request's messages extend the conversation it recorded (same
-earlier messages, and the assistant answer equal to what was returned); otherwise the prompt is
-rendered fresh and the session starts over from it.
+Which conversation a request means (``conversation``): the session keeps the transcript of the
+conversation it recorded (system prompt, earlier turns, the answers returned), so a client may send
+either the whole conversation or only the new messages:
+
+- a request that carries no assistant message, for a live recorded session, is *appended* to the
+  transcript (leading system messages equal to the transcript's are not repeated): the articles'
+  clients send only the new question with the same ``session_id``;
+- a request that carries a history is taken as it is: it continues the session when the history
+  matches the transcript (same earlier messages, the assistant answer equal to what was returned),
+  and is rendered fresh when it does not (an edited or trimmed history is never appended to, so
+  never doubled); the session then starts over from it;
+- ``reset`` (the ``session_reset`` field) forgets the transcript first: the request's messages are
+  the whole conversation.
+
+The session's stream is used only when the conversation extends the recorded one; otherwise the
+prompt is rendered fresh and the session starts over from it.
 
 Who owns what: the session's token stream lives in one place, the KV cache's session store
 (``swiftlm.cache.sessions``), which pins its KV, expires it (TTL) and releases it (memory
@@ -74,6 +87,34 @@ class SessionPrompts:
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._turns
+
+    def conversation(
+        self, session_id: str | None, messages: Sequence[dict[str, Any]], reset: bool = False
+    ) -> list[dict[str, Any]]:
+        """The whole conversation a request's ``messages`` mean for ``session_id`` (see the module
+        docstring): the recorded transcript followed by the messages when they carry no assistant
+        message and the session is live; else the messages as sent. ``reset`` forgets the
+        session's record first."""
+        if session_id is None:
+            return list(messages)
+        if reset:
+            self.forget(session_id)
+            return list(messages)
+        if any(m.get("role") == "assistant" for m in messages):
+            return list(messages)
+        recorded = self._recorded(session_id)
+        if recorded is None:
+            return list(messages)
+        transcript = recorded[0].messages
+        skip = 0
+        while (
+            skip < len(messages) - 1
+            and skip < len(transcript)
+            and messages[skip].get("role") == "system"
+            and _comparable(messages[skip]) == _comparable(transcript[skip])
+        ):
+            skip += 1  # the same system prompt, sent again with the new question
+        return [*(dict(m) for m in transcript), *messages[skip:]]
 
     def prompt(
         self,

@@ -86,17 +86,18 @@ class Tokenizer:
         self._think_end_id = self.token_id("</think>")
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+    def from_dir(cls, model_dir: str | Path, chat_template: str | None = None) -> Tokenizer:
         """Load tokenizer.json (or tokenizer.json.gz), tokenizer_config.json and, if present,
-        generation_config.json and chat_template.jinja from a model directory."""
+        generation_config.json and chat_template.jinja from a model directory. ``chat_template``
+        (Jinja source, e.g. from ``--chat-template``) replaces the model's own template."""
         model_dir = Path(model_dir)
         backend = _load_backend(model_dir)
         config_path = model_dir / "tokenizer_config.json"
         config = _read_json(config_path) if config_path.is_file() else {}
         gen_path = model_dir / "generation_config.json"
         gen_config = _read_json(gen_path) if gen_path.is_file() else {}
-        template = None
-        if config.get("chat_template") is None and (model_dir / "chat_template.jinja").is_file():
+        template = chat_template
+        if template is None and config.get("chat_template") is None and (model_dir / "chat_template.jinja").is_file():
             template = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
         return cls(backend, config, gen_config, template)
 

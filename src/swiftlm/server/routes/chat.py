@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions: thinking, sessions, streaming and whole answers."""
+"""POST /v1/chat/completions: thinking, sessions, streaming and whole answers.
+
+Reasoning reaches the client in both of the names clients read: ``reasoning`` (current vLLM) and
+``reasoning_content`` (older vLLM, most clients), whole and in streamed deltas. With the server's
+``reasoning_parser`` "none" the output is not split: ``<think>...</think>`` stays inline in
+``content`` as the model wrote it and no reasoning field is sent, as vLLM without a parser.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import session_scope
 from swiftlm.server.errors import OpenAIError, bad_request
-from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of
+from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -48,19 +54,20 @@ class _ChatTurn:
     session's turn needs afterwards."""
 
     request: GenerationRequest
-    messages: list[dict]
+    messages: list[dict]  # the whole conversation (a session's transcript + the new messages)
     tools: list[dict] | None
+    separate: bool  # the reasoning is split from the answer (thinking on, a reasoning parser)
 
 
 def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _ChatTurn:
     engine = state.ready_engine()
     state.check_model(req.model)
     tokenizer = engine.tokenizer
-    messages = chat_messages(req.messages)
+    session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
+    messages = state.session_prompts.conversation(session_key, chat_messages(req.messages), reset=req.session_reset)
     defaults = state.config.default_chat_template_kwargs
     thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
     tools = template_tools(req)
-    session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
     kwargs = template_kwargs(req, defaults, thinking)
     try:
         prompt, ids = state.session_prompts.prompt(session_key, messages, kwargs, tools)
@@ -76,7 +83,7 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
         request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
     )
-    return _ChatTurn(request, messages, tools)
+    return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none")
 
 
 @router.post("/v1/chat/completions")
@@ -106,10 +113,9 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
     completion_tokens = reasoning_tokens = 0
     k = req.top_logprobs or 0
     for seq in out.outputs:
-        reasoning, content = split_reasoning(seq.text, turn.request.thinking)
-        message = ChatCompletionMessage(
-            content=content, reasoning_content=(reasoning or None) if req.return_reasoning else None
-        )
+        reasoning, content = split_reasoning(seq.text, turn.separate)
+        reasoning = (reasoning or None) if req.return_reasoning else None
+        message = ChatCompletionMessage(content=content, reasoning=reasoning, reasoning_content=reasoning)
         choices.append(
             ChatCompletionChoice(
                 index=seq.index, message=message, logprobs=chat_logprobs(tokenizer, seq, k) if req.logprobs else None,
@@ -124,8 +130,10 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
             )
     state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), completion_tokens, out.outputs[0].finish_reason or "stop")
     return ChatCompletionResponse(
-        id=turn.request.request_id, model=state.model_name, choices=choices,
+        id=turn.request.request_id, model=state.response_model(req.model), choices=choices,
         usage=usage_of(out, completion_tokens, reasoning_tokens),
+        prompt_logprobs=None if req.prompt_logprobs is None or out.prompt_logprobs is None
+        else vllm_prompt_logprobs(tokenizer, out.prompt_token_ids, out.prompt_logprobs, req.prompt_logprobs),
     )
 
 
@@ -135,13 +143,13 @@ async def _stream_chat(
     tokenizer = state.engine.tokenizer
     created = int(time.time())
     n = turn.request.sampling_params.n
-    parsers = [ReasoningStreamParser(turn.request.thinking) for _ in range(n)]
+    parsers = [ReasoningStreamParser(turn.separate) for _ in range(n)]
     token_ids: list[list[int]] = [[] for _ in range(n)]
     contents = [""] * n
     k = req.top_logprobs or 0
 
     def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None = None) -> str:
-        body = ChatCompletionChunk(id=turn.request.request_id, created=created, model=state.model_name, choices=choices, usage=usage)
+        body = ChatCompletionChunk(id=turn.request.request_id, created=created, model=state.response_model(req.model), choices=choices, usage=usage)
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
     yield chunk([ChatCompletionChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(n)])
@@ -162,10 +170,8 @@ async def _stream_chat(
                     tail_reasoning, tail_content = parsers[i].finish()
                     reasoning, content = reasoning + tail_reasoning, content + tail_content
                 contents[i] += content
-                delta = DeltaMessage(
-                    content=content or None,
-                    reasoning_content=(reasoning or None) if req.return_reasoning else None,
-                )
+                reasoning = (reasoning or None) if req.return_reasoning else None
+                delta = DeltaMessage(content=content or None, reasoning=reasoning, reasoning_content=reasoning)
                 logprobs = chat_logprobs(tokenizer, seq, k) if req.logprobs and seq.token_ids else None
                 if delta.content is None and delta.reasoning_content is None and seq.finish_reason is None and logprobs is None:
                     continue

@@ -1,4 +1,10 @@
-"""POST /v1/completions (legacy text completions): one or several prompts, text or token ids."""
+"""POST /v1/completions (legacy text completions): one or several prompts, text or token ids.
+
+``echo`` with ``logprobs`` puts the prompt tokens first in each choice's ``logprobs`` (the first
+token's logprob null), as lm-evaluation-harness's ``local-completions`` reads them to score a
+continuation; with ``max_tokens: 0`` the prompt is scored and nothing generated. The prompt's
+logprobs come from the forward pass that computes the prompt (``SamplingParams.prompt_logprobs``).
+"""
 
 from __future__ import annotations
 
@@ -13,12 +19,14 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import session_scope
-from swiftlm.server.outputs import completion_logprobs
+from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    PromptLogprobs,
     UsageInfo,
     new_id,
 )
@@ -83,12 +91,17 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         if out.error:
             raise output_error(out.error)
         prefix = (out.prompt or tokenizer.decode(out.prompt_token_ids)) if req.echo else ""
+        echoed = _echoed_logprobs(state, req, out)
+        scored = _vllm_prompt_logprobs(state, req, out)
         for seq in out.outputs:
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(tokenizer, seq, req.logprobs, len(prefix))
+                logprobs = join_logprobs(echoed, logprobs) if echoed is not None else logprobs
             choices.append(
                 CompletionChoice(
-                    index=p * n + seq.index, text=prefix + seq.text,
-                    logprobs=completion_logprobs(tokenizer, seq, req.logprobs or 0, len(prefix)) if req.logprobs is not None else None,
-                    finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                    index=p * n + seq.index, text=prefix + seq.text, logprobs=logprobs,
+                    finish_reason=seq.finish_reason, stop_reason=seq.stop_reason, prompt_logprobs=scored,
                 )
             )
             completion_tokens += len(seq.token_ids)
@@ -96,8 +109,21 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         cached += out.num_cached_tokens
         state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), sum(len(s.token_ids) for s in out.outputs), out.outputs[0].finish_reason or "stop")
     usage = UsageInfo.of(prompt_tokens, completion_tokens, cached)
-    body = CompletionResponse(id=request_id, model=state.model_name, choices=choices, usage=usage)
+    body = CompletionResponse(id=request_id, model=state.response_model(req.model), choices=choices, usage=usage)
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+def _echoed_logprobs(state: ServerState, req: CompletionRequest, out: RequestOutput) -> CompletionLogprobs | None:
+    """The prompt's part of an ``echo`` + ``logprobs`` choice (None for other requests)."""
+    if not req.echo or req.logprobs is None or out.prompt_logprobs is None:
+        return None
+    return echo_logprobs(state.engine.tokenizer, out.prompt_token_ids, out.prompt_logprobs, req.logprobs)
+
+
+def _vllm_prompt_logprobs(state: ServerState, req: CompletionRequest, out: RequestOutput) -> PromptLogprobs | None:
+    if req.prompt_logprobs is None or out.prompt_logprobs is None:
+        return None
+    return vllm_prompt_logprobs(state.engine.tokenizer, out.prompt_token_ids, out.prompt_logprobs, req.prompt_logprobs)
 
 
 async def _stream(
@@ -118,6 +144,7 @@ async def _stream(
     tasks = [asyncio.create_task(pump(p, s)) for p, s in enumerate(streams)]
     finals: dict[int, RequestOutput] = {}
     offsets: dict[int, int] = {}
+    prompts: dict[int, RequestOutput] = {}  # prompt p -> the output that carried its prompt logprobs
     open_streams = len(streams)
     generated = 0
     try:
@@ -133,18 +160,27 @@ async def _stream(
                 yield output_error(item.error).sse_event()
                 break
             choices = []
+            if item.prompt_logprobs is not None:
+                prompts[p] = item
             for seq in item.outputs:
                 index = p * n + seq.index
                 generated += len(seq.token_ids)
                 text = seq.text
+                echoed = None
                 if req.echo and index not in offsets:
-                    text = (item.prompt or tokenizer.decode(item.prompt_token_ids)) + text
+                    prompt_text = item.prompt or tokenizer.decode(item.prompt_token_ids)
+                    text = prompt_text + text
+                    offsets[index] = len(prompt_text)
+                    if p in prompts:
+                        echoed = _echoed_logprobs(state, req, prompts[p])
                 logprobs = None
                 if req.logprobs is not None and seq.token_ids:
                     logprobs = completion_logprobs(tokenizer, seq, req.logprobs, offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + len(text)
+                if echoed is not None:
+                    logprobs = join_logprobs(echoed, logprobs)
+                offsets[index] = offsets.get(index, 0) + len(seq.text)
                 choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
-            body = CompletionChunk(id=request_id, created=created, model=state.model_name, choices=choices)
+            body = CompletionChunk(id=request_id, created=created, model=state.response_model(req.model), choices=choices)
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
             if item.finished:
                 finals[p] = item
@@ -154,7 +190,7 @@ async def _stream(
                 generated,
                 sum(o.num_cached_tokens for o in finals.values()),
             )
-            body = CompletionChunk(id=request_id, created=created, model=state.model_name, choices=[], usage=usage)
+            body = CompletionChunk(id=request_id, created=created, model=state.response_model(req.model), choices=[], usage=usage)
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
         yield "data: [DONE]\n\n"
     finally:

@@ -45,18 +45,19 @@ async def metrics(raw: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(raw: Request) -> Response:
+    """Every served name, each a card of the same model (``root``: the first name)."""
     state = server_state(raw)
     max_len = state.engine.max_model_len if state.engine is not None else None
-    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=max_len)
-    return Response(ModelList(data=[card]).model_dump_json(exclude_none=True), media_type="application/json")
+    cards = [ModelCard(id=name, root=state.model_name, max_model_len=max_len) for name in state.model_names]
+    return Response(ModelList(data=cards).model_dump_json(exclude_none=True), media_type="application/json")
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, raw: Request) -> Response:
     state = server_state(raw)
-    state.check_model(model_id)
+    name = state.check_model(model_id)
     max_len = state.engine.max_model_len if state.engine is not None else None
-    card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=max_len)
+    card = ModelCard(id=name, root=state.model_name, max_model_len=max_len)
     return Response(card.model_dump_json(exclude_none=True), media_type="application/json")
 
 
