@@ -108,14 +108,17 @@ class ServeProcess:
                 return int(self.generation_tokens() - before)
             time.sleep(0.02)
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """SIGTERM: uvicorn stops accepting, the engine drains, the process exits."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+
+    def wait_stopped(self) -> None:
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 def spawn_serve(args: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None) -> ServeProcess:
@@ -143,8 +146,10 @@ class ServerPool:
         return server
 
     def stop_all(self) -> None:
+        for server in self.started:  # all drain at once
+            server.terminate()
         for server in self.started:
-            server.stop()
+            server.wait_stopped()
 
 
 @pytest.fixture(scope="module")

@@ -107,3 +107,33 @@ def test_serve_command_health_and_graceful_shutdown(scripted_model_dir) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_completions_sessions_are_scoped_to_the_api_key(server) -> None:
+    """A session_id on /v1/completions names the caller's own session: another key with the same id
+    neither reuses nor replaces it, and only the owner can delete it."""
+    prompt = "Once upon a time " * 12
+
+    def complete(key: str) -> dict:
+        r = httpx.post(server.v1 + "/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                       json={"model": server.model, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                             "ignore_eos": True, "session_id": "c-1"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def sessions() -> dict[str, list[int]]:
+        return server.run_in_engine(lambda e: {s.session_id: list(s.token_ids) for s in e.kv.sessions.all()})
+
+    complete("key-a")
+    owned = {sid: t for sid, t in sessions().items() if sid.endswith("/c-1")}
+    assert len(owned) == 1 and "c-1" not in sessions()  # stored under the key's scope, not the bare id
+    (key_a_session, tokens), = owned.items()
+    complete("key-b")
+    after = sessions()
+    assert after[key_a_session] == tokens  # key B did not take over or replace key A's session
+    assert len([sid for sid in after if sid.endswith("/c-1")]) == 2
+    assert httpx.delete(server.v1 + "/sessions/c-1", headers={"Authorization": "Bearer key-b"}).status_code == 200
+    assert key_a_session in sessions()  # B deleted only its own
+    assert httpx.delete(server.v1 + "/sessions/c-1", headers={"Authorization": "Bearer key-a"}).status_code == 200
+    assert not [sid for sid in sessions() if sid.endswith("/c-1")]
+    server.assert_no_leaks()
