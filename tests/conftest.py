@@ -69,13 +69,15 @@ REASONING = "Hmm, okay"
 ANSWER = "Hello there!"
 
 
-def make_scripted_model(dst: Path) -> Path:
+def make_scripted_model(dst: Path, script: list[int] = SCRIPT) -> Path:
+    """The scripted checkpoint; ``script`` is its chain of token ids (each id at most once)."""
+    assert len(set(script)) == len(script), "a token may appear once in the chain"
     make_tiny_model(dst, TINY_UNTIED, seed=5)
     tensors = load_file(str(dst / "model.safetensors"))
     embed = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(3))
     tensors["model.embed_tokens.weight"] = embed
     head = torch.zeros_like(tensors["lm_head.weight"])
-    for cur, nxt in zip(SCRIPT, SCRIPT[1:], strict=False):
+    for cur, nxt in zip(script, script[1:], strict=False):
         head[nxt] += 10.0 * embed[cur] / embed[cur].norm()
     tensors["lm_head.weight"] = head
     for name in tensors:

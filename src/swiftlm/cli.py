@@ -162,6 +162,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         max_n=args.max_n,
         log_level=args.log_level,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser or "hermes",
     )
     return engine, server
 

@@ -162,6 +162,7 @@ class EngineConfig:
 
 
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "none")
+TOOL_CALL_PARSERS = ("hermes", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,9 @@ class ServerConfig:
     # parser for Qwen3) move it to the reasoning fields; "none" leaves it inline in content, as vLLM
     # does without a reasoning parser
     reasoning_parser: str = "qwen3"
+    # how tool calls in the answer reach the client: "hermes" (Qwen3's <tool_call> format) parses
+    # them into message.tool_calls when the request offers tools; "none" leaves them as text in content
+    tool_call_parser: str = "hermes"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
@@ -188,6 +192,9 @@ class ServerConfig:
         if self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                               f"got {self.reasoning_parser!r}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                              f"got {self.tool_call_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_n < 1:

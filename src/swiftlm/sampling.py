@@ -6,6 +6,8 @@ import functools
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from swiftlm.core.structured import StructuredOutput, from_vllm
+
 _GREEDY_EPS = 1e-5
 # vLLM's SamplingParams fields that change nothing here (any value accepted), and why
 VLLM_NO_OPS = {
@@ -19,7 +21,6 @@ VLLM_UNSUPPORTED = {
     "allowed_token_ids": "use logit_bias, or the server's structured outputs",
     "bad_words": "use logit_bias on the words' token ids",
     "logits_processors": "custom logits processors are not supported",
-    "guided_decoding": "use the server's response_format (structured outputs)",
     "use_beam_search": "beam search is not implemented",
 }
 
@@ -83,8 +84,18 @@ class SamplingParams:
     # vLLM's V1 engine dropped best_of; kept so vLLM code runs: None, 1 or n (no extra candidates)
     best_of: int | None = None
     thinking_token_budget: int | None = None  # vLLM's name: read into thinking_budget, then None
+    # what the output must match (constrained decoding); a StructuredOutput, or vLLM's
+    # StructuredOutputsParams / GuidedDecodingParams shape (an object or a dict), converted
+    structured_outputs: StructuredOutput | None = None
+    guided_decoding: Any = None  # vLLM's older name: read into structured_outputs, then None
 
     def __post_init__(self) -> None:
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("structured_outputs and guided_decoding are two names of one field; give one")
+            object.__setattr__(self, "structured_outputs", self.guided_decoding)
+            object.__setattr__(self, "guided_decoding", None)
+        object.__setattr__(self, "structured_outputs", from_vllm(self.structured_outputs))
         if self.thinking_token_budget is not None:
             if self.thinking_budget is not None and self.thinking_budget != self.thinking_token_budget:
                 raise ValueError(

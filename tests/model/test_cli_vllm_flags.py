@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from swiftlm.cli import build_configs, build_parser, main
-from swiftlm.config import CacheConfig, SchedulerConfig
+from swiftlm.config import CacheConfig, ConfigError, SchedulerConfig
 from swiftlm.engine.engine import Engine
 from swiftlm.llm import LLM
 from swiftlm.server.launch import serve
-from swiftlm.server.vllm_flags import no_effect
+from swiftlm.server.vllm_flags import check_vllm_flags, no_effect
 from swiftlm.text.chat_template import ChatTemplate
 
 # 002's `vllm serve` lines, as `swiftlm serve`: the inline `\ # comment` fragments and `...` removed
@@ -106,6 +106,14 @@ def test_reasoning_parser_reaches_the_server_config() -> None:
     assert configs("m --enable-reasoning")[1] == configs("m")[1]
 
 
+def test_tool_call_parser_reaches_the_server_config() -> None:
+    assert configs("m")[1].tool_call_parser == "hermes"
+    assert configs("m --tool-call-parser none")[1].tool_call_parser == "none"
+    assert configs("m --enable-auto-tool-choice --tool-call-parser hermes")[1] == configs("m")[1]
+    with pytest.raises(ConfigError, match="--tool-call-parser none"):
+        check_vllm_flags(parse("m --enable-auto-tool-choice --tool-call-parser none"))
+
+
 def test_accepted_flags_leave_the_configs_as_they_are() -> None:
     accepted = ("--enable-reasoning --num-scheduler-steps 4 --disable-log-stats false --swap-space 4 --enforce-eager "
                 "--enable-batch-api --enable-auto-tool-choice --tool-call-parser hermes --trust-remote-code")
@@ -122,9 +130,9 @@ def test_several_served_model_names() -> None:
 
 # -- the no-effect log line -------------------------------------------------------------------------
 ALL_UNMET = ("--gpu-memory-utilization 0.82 --num-scheduler-steps 4 --disable-log-stats false --swap-space 4 "
-             "--enable-batch-api --enable-auto-tool-choice --tool-call-parser hermes")
+             "--enable-batch-api")
 UNMET_NAMES = ["--gpu-memory-utilization", "--num-scheduler-steps", "--disable-log-stats false", "--swap-space",
-               "--enable-batch-api", "--enable-auto-tool-choice", "--tool-call-parser hermes"]
+               "--enable-batch-api"]
 
 
 def test_no_effect_names_each_unmet_flag_with_its_reason() -> None:
@@ -136,7 +144,7 @@ def test_no_effect_names_each_unmet_flag_with_its_reason() -> None:
 
 def test_no_effect_leaves_out_flags_whose_request_is_what_happens() -> None:
     met = ("--enforce-eager --tensor-parallel-size 1 --num-scheduler-steps 1 --disable-log-stats --enable-reasoning "
-           "--trust-remote-code --swap-space 0 --max-queue-waiting-time 1000")
+           "--enable-auto-tool-choice --tool-call-parser hermes --trust-remote-code --swap-space 0 --max-queue-waiting-time 1000")
     assert no_effect(parse(f"m {met}")) == []
     assert no_effect(parse("m")) == []
 

@@ -180,3 +180,47 @@ def test_new_messages_without_a_live_session_are_the_whole_conversation(prompts,
     clock.now = TTL + 1.0  # expired: the transcript went with the KV
     assert prompts.conversation("s", new) == new
     assert "s" not in prompts
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": -3}'}
+
+
+def tool_turn(prompts: SessionPrompts, kv: KVCacheManager) -> tuple[list[dict], list[int]]:
+    """Turn 1 answered with a tool call (content empty), recorded as the chat route does."""
+    messages = [SYSTEM, {"role": "user", "content": "Weather in Oslo?"}]
+    tokenizer = prompts.tokenizer
+    _, ids = prompts.prompt("s", messages, KWARGS, TOOLS)
+    stream = ids + tokenizer.encode(CALL_TEXT) + [tokenizer.eos_token_ids[0]]
+    kv.sessions.put("s", list(stream), kv.pool.allocate(-(-(len(stream) - 1) // BS)), len(stream) - 1, 0.0)
+    prompts.record("s", messages, "", stream, TOOLS, tool_calls=[CALL])
+    return messages, stream
+
+
+@pytest.mark.parametrize("sent", ["tool results only", "whole history"])
+def test_a_turn_answered_with_tool_calls_continues_with_the_tool_results(prompts, kv, sent: str) -> None:
+    messages, stream = tool_turn(prompts, kv)
+    answered = {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": "call_other"}]}
+    request = [TOOL_RESULT] if sent == "tool results only" else [*messages, answered, TOOL_RESULT]
+    conversation = prompts.conversation("s", request)
+    assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool"]
+    _, ids = prompts.prompt("s", conversation, KWARGS, TOOLS)
+    assert ids[: len(stream) - 1] == stream[:-1]
+    appended = prompts.tokenizer.decode(ids[len(stream) - 1 :], skip_special_tokens=False)
+    fresh = prompts.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tools=TOOLS, **KWARGS)
+    assert appended.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
+    assert fresh.endswith(appended)  # the tool result and the generation prompt as the template writes them
+
+
+def test_other_tool_calls_in_the_history_render_fresh(prompts, kv) -> None:
+    messages, stream = tool_turn(prompts, kv)
+    other = {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Bergen"}'}}
+    conversation = [*messages, {"role": "assistant", "content": None, "tool_calls": [other]}, TOOL_RESULT]
+    _, ids = prompts.prompt("s", conversation, KWARGS, TOOLS)
+    assert ids == fresh_ids_with_tools(prompts.tokenizer, conversation)
+
+
+def fresh_ids_with_tools(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=TOOLS, **KWARGS))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -60,6 +61,10 @@ class Request:
     generator: torch.Generator | None = None
     forced_tokens: deque[int] = field(default_factory=deque)
     thinking_closed: bool = False
+    # structured output: the grammar state (``runner.structured.GrammarState``) and the output index
+    # where the grammar starts (0; None while the reasoning section is open: the reasoning is free)
+    grammar: Any = None
+    grammar_start: int | None = 0
     cumulative_logprob: float = 0.0
     # the lead sequence of a request with ``prompt_logprobs``: one entry per prompt token scored so
     # far (the first is None: nothing predicts it); None for every other request
@@ -100,6 +105,11 @@ class Request:
         """Some prompt tokens still lack their logprobs. Such a request computes its whole prompt
         (no prefix-cache or session reuse): reused KV has no logits to score it with."""
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    @property
+    def grammar_active(self) -> bool:
+        """The next token is constrained by the request's grammar."""
+        return self.grammar is not None and self.grammar_start is not None and self.num_output_tokens >= self.grammar_start
 
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

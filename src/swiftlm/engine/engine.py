@@ -21,6 +21,7 @@ from swiftlm.model.loader import load_model, resolve_model_dir
 from swiftlm.platform import resolve_dtype
 from swiftlm.runner.runner import ModelRunner, SampledToken
 from swiftlm.runner.sampler import SamplingRow
+from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.detokenizer import IncrementalDetokenizer
 from swiftlm.text.stop import StopStringMatcher
@@ -104,6 +105,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
         self._parents: dict[str, _Parent] = {}
+        self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
         self.num_aborted = 0
         self._streams: dict[int, _Stream] = {}  # id(request) -> stream
         ids = [i for i in (self.tokenizer.think_end_id,) if i is not None]
@@ -153,6 +155,13 @@ class Engine:
                 think_start_ids=self._think_start_ids,
             )
             children.append(child)
+        if params.structured_outputs is not None:
+            for child in children:
+                try:
+                    child.grammar = self.grammars.new_state(params.structured_outputs)
+                except StructuredOutputError as exc:
+                    raise RequestError(str(exc)) from exc
+                child.grammar_start = None if request.thinking and self._think_end_ids else 0
         for k, child in enumerate(children):
             try:
                 self.scheduler.add_request(child)
@@ -285,7 +294,8 @@ class Engine:
     def _sampling_row(self, request: Request) -> SamplingRow:
         params = request.sampling_params
         banned: tuple[int, ...] = ()
-        if request.num_output_tokens < params.min_tokens:
+        constrained = request.grammar_active
+        if request.num_output_tokens < params.min_tokens and not constrained:  # the grammar says when to end
             banned = tuple(request.eos_token_ids)
         if request.thinking and not request.thinking_closed and not request.forced_tokens:
             budget = params.thinking_budget or 0
@@ -301,15 +311,21 @@ class Engine:
             generator=request.generator,
             banned_token_ids=banned,
             forced_token_id=forced,
+            grammar=request.grammar if constrained and forced is None else None,
         )
 
     def _append(self, request: Request, result: SampledToken, now: float) -> None:
         token = result.token_id
+        constrained = request.grammar_active
         request.append_output(token)
+        if constrained:
+            request.grammar.accept(token)
         if request.metrics.first_token_time is None:
             request.metrics.first_token_time = now
         if request.think_end_ids and token == request.think_end_ids[0]:
             request.thinking_closed = True
+            if request.grammar is not None and request.grammar_start is None:  # after the forced "\n\n", if any
+                request.grammar_start = request.num_output_tokens + len(request.forced_tokens)
         stream = self._streams[id(request)]
         stream.new_token_ids.append(token)
         if result.logprobs is not None:
@@ -329,6 +345,9 @@ class Engine:
                 self.scheduler.finish(request, FinishReason.STOP, now)
                 return
         stream.new_text += delta
+        if constrained and request.grammar.done:  # the grammar is complete (or refused the token)
+            self.scheduler.finish(request, FinishReason.STOP, now)
+            return
         if (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens) or (
             request.num_tokens >= self.max_model_len
         ):

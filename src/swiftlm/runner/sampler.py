@@ -4,7 +4,7 @@ Pipeline for a batch of B rows over a vocabulary of V tokens (each stage runs on
 that need it, and is skipped entirely when no row does):
 
     logits [B, V]
-      -> + logit_bias, banned ids -> -inf
+      -> + logit_bias, banned ids -> -inf, tokens a row's grammar does not allow -> -inf
       -> repetition penalty (prompt + output tokens), frequency / presence penalty (output tokens)
       == processed logits                      -> logprobs = log_softmax(processed)  (rows that ask)
       -> greedy rows: argmax
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swiftlm.runner.structured import GrammarState, apply_grammars
 from swiftlm.sampling import SamplingParams
 
 _MIN_EXPONENTIAL = 1e-30  # Exp(1) draws are clamped away from 0 so that log E is finite
@@ -37,7 +38,8 @@ class SamplingRow:
     top-k / top-p), a greedy or forced step none, whatever else is in the batch.
     ``banned_token_ids`` get logit -inf (the engine uses it for EOS while ``min_tokens`` is not
     reached). ``forced_token_id`` is returned as the token, with its logprob under the processed
-    logits.
+    logits. ``grammar``: the request's structured-output state; tokens it does not allow get
+    logit -inf (before temperature, top-k, top-p). Rows without one cost nothing.
     """
 
     params: SamplingParams
@@ -46,6 +48,7 @@ class SamplingRow:
     generator: torch.Generator | None
     banned_token_ids: Sequence[int] = ()
     forced_token_id: int | None = None
+    grammar: GrammarState | None = None
 
 
 @dataclass(slots=True)
@@ -112,7 +115,8 @@ def _process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
     bias = [(i, t, b) for i, r in enumerate(rows) for t, b in r.params.logit_bias.items()]
     bans = [(i, t) for i, r in enumerate(rows) for t in r.banned_token_ids]
     penalised = [i for i, r in enumerate(rows) if _has_penalty(r)]
-    if not (bias or bans or penalised):
+    constrained = [i for i, r in enumerate(rows) if r.grammar is not None and r.forced_token_id is None]
+    if not (bias or bans or penalised or constrained):
         return logits.float()
     x = logits.to(torch.float32, copy=True)
     if bias:
@@ -133,6 +137,8 @@ def _process_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
         )
     if penalised:
         _apply_penalties(x, penalised, [rows[i] for i in penalised])
+    if constrained:
+        apply_grammars(x, constrained, [g for i in constrained if (g := rows[i].grammar) is not None])
     return x
 
 

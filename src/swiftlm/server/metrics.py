@@ -65,6 +65,9 @@ class ServerMetrics:
         self.generation_tokens = Counter("swiftlm:generation_tokens", "Tokens generated.", labels, registry=r)
         self.success = Counter("swiftlm:request_success", "Finished requests by finish reason.", [*labels, "finished_reason"], registry=r)
         self.rejected = Counter("swiftlm:request_rejected", "Requests refused, by reason.", [*labels, "reason"], registry=r)
+        self.tool_call_parse_errors = Counter(
+            "swiftlm:tool_call_parse_errors", "Tool calls whose JSON did not parse, returned as content.", labels, registry=r
+        )
         r.register(_EngineCollector(stats, model))
 
     def observe_finished(self, metrics: RequestMetrics | None, prompt_tokens: int, output_tokens: int, finish_reason: str) -> None:

@@ -210,8 +210,9 @@ class NamedToolChoice(_Request):
 
 
 class ResponseFormat(_Request):
-    """Accepted for compatibility; only "text" is honoured. json_object / json_schema are not
-    enforced: swiftlm has no constrained decoding, so the output follows only the prompt."""
+    """"text" (no constraint), "json_object" (any JSON object) or "json_schema" (``json_schema``:
+    ``{"name", "schema", "strict"}``; the output matches ``schema``): enforced by constrained
+    decoding (``swiftlm.server.structured_mapping``)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -276,6 +277,13 @@ class BaseSamplingRequest(_Request):
     clean_up_tokenization_spaces: StrictBool | None = None
     best_of: _int(ge=1) | None = None
     prompt_logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None  # vLLM's: score the prompt too
+    # structured output (swiftlm.server.structured_mapping): vLLM's fields, llama.cpp's GBNF grammar
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    structured_outputs: dict[str, Any] | None = None
+    grammar: StrictStr | None = None
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> BaseSamplingRequest:
@@ -305,9 +313,9 @@ class ChatCompletionRequest(BaseSamplingRequest):
     name: ``thinking_token_budget``, an alias; sending both with different values is an error)
     caps the reasoning tokens, else ``reasoning_effort``'s default budget does
     (``swiftlm.core.generation.REASONING_EFFORT_BUDGETS``). ``tools`` are rendered into the
-    prompt; ``tool_choice`` "none" leaves them out, and "required" or a named function are not
-    enforced (no constrained decoding). ``parallel_tool_calls`` is accepted; the tools issue gives
-    it effect (today every tool call the model writes is returned). ``session_reset: true`` starts
+    prompt and the calls parsed from the answer; ``tool_choice`` "none" leaves them out, and
+    "required" or a named function are enforced by constrained decoding; ``parallel_tool_calls:
+    false`` allows one call (``swiftlm.server.tool_choice``). ``session_reset: true`` starts
     the ``session_id``'s conversation over from this request's messages (see
     ``swiftlm.text.session_prompt``).
     """

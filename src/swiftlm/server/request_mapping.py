@@ -21,6 +21,8 @@ Decisions:
   ``thinking_budget`` (or its alias ``thinking_token_budget``) > ``reasoning_effort``'s default
   budget > none (``resolve_thinking_budget``).
 - ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
+- Structured output (``response_format``, vLLM's ``guided_*`` / ``structured_outputs``, llama.cpp's
+  ``grammar``): ``swiftlm.server.structured_mapping``, compiled and checked here (400 if bad).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from swiftlm.server.protocol import (
     CompletionRequest,
     TokenizeRequest,
 )
+from swiftlm.server.structured_mapping import structured_output
 
 DEFAULT_MAX_N = 16
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -118,6 +121,7 @@ def _sampling_params(
     overrides = {name: value for name in _GENERATION_DEFAULT_FIELDS if (value := getattr(req, name)) is not None}
     if overrides.get("top_k") == -1:
         overrides["top_k"] = 0
+    structured = structured_output(req)
     try:
         return SamplingParams.from_generation_config(
             dict(generation_defaults or {}),
@@ -136,6 +140,7 @@ def _sampling_params(
             skip_special_tokens=req.skip_special_tokens,
             thinking_budget=thinking_budget,
             prompt_logprobs=prompt_logprobs,
+            structured_outputs=structured,
             **overrides,
         )
     except ValueError as exc:

@@ -4,7 +4,8 @@ Each flag either does here what it does in vLLM, or is accepted with the reason 
 nothing (its help says which). ``no_effect`` names the flags given whose asked-for effect does not
 happen on this device; ``swiftlm serve`` logs them in one line at start. A flag whose request is
 what swiftlm does anyway (``--enforce-eager``: no CUDA graphs are captured; ``--tensor-parallel-size
-1``; ``--enable-reasoning``: reasoning is separated by default) is not listed.
+1``; ``--enable-reasoning``: reasoning is separated by default; ``--enable-auto-tool-choice``: tool
+calls are parsed by default) is not listed.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from swiftlm.config import REASONING_PARSERS, ConfigError
-
-TOOL_CALL_PARSERS = ("hermes",)
+from swiftlm.config import REASONING_PARSERS, TOOL_CALL_PARSERS, ConfigError
 
 
 def parse_bool(text: str) -> bool:
@@ -58,9 +57,11 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-batch-api", action="store_true",
                    help="accepted, no effect yet: the Batch API is not served in this version")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="accepted, no effect yet: tool calls are not parsed from the answer in this version")
+                   help="accepted: tool_choice auto is always served; tool calls are parsed into message.tool_calls "
+                        "unless --tool-call-parser none")
     g.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS,
-                   help="accepted, no effect yet (as --enable-auto-tool-choice)")
+                   help="hermes (Qwen3's <tool_call> format) parses the calls into message.tool_calls when the "
+                        "request offers tools; none leaves them as text in content (default: hermes)")
     g.add_argument("--chat-template", metavar="FILE",
                    help="a Jinja chat template (a file, or the template itself) replacing the model's own")
     g.add_argument("--trust-remote-code", action="store_true",
@@ -78,6 +79,9 @@ def check_vllm_flags(args: argparse.Namespace) -> None:
             )
     if args.num_scheduler_steps is not None and args.num_scheduler_steps < 1:
         raise ConfigError(f"--num-scheduler-steps must be >= 1, got {args.num_scheduler_steps}")
+    if args.enable_auto_tool_choice and args.tool_call_parser == "none":
+        raise ConfigError("--enable-auto-tool-choice parses tool calls and --tool-call-parser none turns parsing off; "
+                          "give one of them")
     if args.enable_reasoning and args.reasoning_parser == "none":
         raise ConfigError("--enable-reasoning separates the reasoning and --reasoning-parser none keeps it inline; "
                           "give one of them")
@@ -137,8 +141,4 @@ def no_effect(args: argparse.Namespace) -> list[str]:
         notes.append("--swap-space (preempted requests are recomputed, not swapped)")
     if args.enable_batch_api:
         notes.append("--enable-batch-api (not implemented yet)")
-    if args.enable_auto_tool_choice:
-        notes.append("--enable-auto-tool-choice (not implemented yet)")
-    if args.tool_call_parser is not None:
-        notes.append(f"--tool-call-parser {args.tool_call_parser} (not implemented yet)")
     return notes

@@ -49,6 +49,7 @@ fresh and the record is forgotten. This layer imports neither the cache nor the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,23 @@ def _comparable(message: dict[str, Any]) -> tuple:
     content = message.get("content")
     if isinstance(content, str):
         content = content.strip()
-    return (message.get("role"), content, bool(message.get("tool_calls")), message.get("tool_call_id"))
+    elif content is None:
+        content = ""  # an assistant message that only carries tool calls: null or ""
+    calls = tuple(_comparable_call(call) for call in message.get("tool_calls") or ())
+    return (message.get("role"), content, calls, message.get("tool_call_id"))
+
+
+def _comparable_call(call: dict[str, Any]) -> tuple[Any, str]:
+    """A tool call by name and arguments (ids are the client's to keep; arguments sent back as a
+    JSON string or an object compare equal)."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return function.get("name"), arguments
+    return function.get("name"), json.dumps(arguments, sort_keys=True)
 
 
 class SessionPrompts:
@@ -129,9 +146,11 @@ class SessionPrompts:
         recorded = self._recorded(session_id) if session_id is not None else None
         if recorded is not None and self._extends(recorded[0], messages, tools):
             turn, stream = recorded
-            appended = self._appended_text(messages, len(turn.messages) - 1, kwargs, tools)
+            ended = bool(stream) and stream[-1] in self.tokenizer.eos_token_ids
+            end_text = self.tokenizer.decode(stream[-1:], skip_special_tokens=False) if ended else None
+            appended = self._appended_text(messages, len(turn.messages) - 1, kwargs, tools, end_text)
             if appended is not None:
-                if stream and stream[-1] in self.tokenizer.eos_token_ids:
+                if ended:
                     stream = stream[:-1]  # the template writes the end-of-turn token itself
                 return text, [*stream, *self.tokenizer.encode(appended)]
         return text, self.tokenizer.encode(text)
@@ -143,13 +162,18 @@ class SessionPrompts:
         answer: str,
         token_ids: Sequence[int],
         tools: list[dict[str, Any]] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> None:
-        """After a turn: the conversation now ends with ``answer`` (the content returned), and
-        ``token_ids`` (prompt + generated tokens) is the stream it ended with. Only a fingerprint
-        of the stream is kept, to recognise it in the cache."""
+        """After a turn: the conversation now ends with ``answer`` (the content returned) and the
+        ``tool_calls`` returned (OpenAI's shape), and ``token_ids`` (prompt + generated tokens) is
+        the stream it ended with. Only a fingerprint of the stream is kept, to recognise it in the
+        cache."""
         if len(self._turns) >= self.max_sessions and session_id not in self._turns:
             self._turns.pop(next(iter(self._turns)))
-        history = [dict(m) for m in messages] + [{"role": "assistant", "content": answer}]
+        answered: dict[str, Any] = {"role": "assistant", "content": answer}
+        if tool_calls:
+            answered["tool_calls"] = [dict(call) for call in tool_calls]
+        history = [dict(m) for m in messages] + [answered]
         self._turns[session_id] = _Turn(history, _tools_key(tools), _stream_key(token_ids))
 
     def forget(self, session_id: str) -> None:
@@ -171,20 +195,33 @@ class SessionPrompts:
         n = len(turn.messages)
         if len(messages) <= n or _tools_key(tools) != turn.tools_key:
             return False
-        if messages[n - 1].get("role") != "assistant" or messages[n - 1].get("tool_calls"):
+        if messages[n - 1].get("role") != "assistant":
             return False
         return all(_comparable(a) == _comparable(b) for a, b in zip(turn.messages, messages[:n], strict=True))
 
     def _appended_text(
-        self, messages: Sequence[dict[str, Any]], assistant_index: int, kwargs: dict[str, Any], tools: list | None
+        self,
+        messages: Sequence[dict[str, Any]],
+        assistant_index: int,
+        kwargs: dict[str, Any],
+        tools: list | None,
+        end_text: str | None,
     ) -> str | None:
+        """The template's text after the assistant message's end. An answer with tool calls is
+        rendered as its content followed by the calls (in the template's own spelling, not the
+        model's), so there the text is cut at the end-of-turn token (``end_text``) that follows."""
         marked = [dict(m) for m in messages]
         marked[assistant_index]["content"] = (marked[assistant_index].get("content") or "") + _SENTINEL
         text = self.tokenizer.apply_chat_template(marked, add_generation_prompt=True, tools=tools, **kwargs)
         at = text.find(_SENTINEL)
         if at < 0 or text.count(_SENTINEL) != 1:
             return None
-        return text[at + len(_SENTINEL) :]
+        if not marked[assistant_index].get("tool_calls"):
+            return text[at + len(_SENTINEL) :]
+        if not end_text:
+            return None
+        end = text.find(end_text, at)
+        return text[end:] if end >= 0 else None
 
 
 def _tools_key(tools: list[dict[str, Any]] | None) -> str:

@@ -4,10 +4,19 @@ Reasoning reaches the client in both of the names clients read: ``reasoning`` (c
 ``reasoning_content`` (older vLLM, most clients), whole and in streamed deltas. With the server's
 ``reasoning_parser`` "none" the output is not split: ``<think>...</think>`` stays inline in
 ``content`` as the model wrote it and no reasoning field is sent, as vLLM without a parser.
+
+Tool calls (``swiftlm.server.tool_choice`` decides when they are parsed) are read from the answer
+after the reasoning is split off: ``message.tool_calls`` holds them, ``content`` the rest (null
+when nothing else was said), and ``finish_reason`` is "tool_calls" when calls were made and the
+model stopped by itself ("length" stays "length"). Streamed, a call is sent when it closes: one
+delta with its ``index``, ``id``, ``type`` and ``function.name`` (``arguments`` ""), then one with
+the whole ``function.arguments`` (``swiftlm.text.tools``). A session records the calls with the
+answer, so the next request carrying the tool results continues the session.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,7 +37,11 @@ from swiftlm.server.protocol import (
     ChatCompletionMessage,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
     new_id,
 )
@@ -42,8 +55,10 @@ from swiftlm.server.request_mapping import (
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
+from swiftlm.server.tool_choice import ToolPolicy, tool_policy
 from swiftlm.text.chat_template import ChatTemplateError
 from swiftlm.text.reasoning import ReasoningStreamParser, split_reasoning
+from swiftlm.text.tools import ToolCallStreamParser, ToolDelta, parse_tool_calls
 
 router = APIRouter()
 
@@ -57,6 +72,7 @@ class _ChatTurn:
     messages: list[dict]  # the whole conversation (a session's transcript + the new messages)
     tools: list[dict] | None
     separate: bool  # the reasoning is split from the answer (thinking on, a reasoning parser)
+    tool_policy: ToolPolicy  # whether tool calls are parsed from the answer, and how many
 
 
 def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _ChatTurn:
@@ -67,6 +83,7 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
     messages = state.session_prompts.conversation(session_key, chat_messages(req.messages), reset=req.session_reset)
     defaults = state.config.default_chat_template_kwargs
     thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
+    policy = tool_policy(req, state.config.tool_call_parser)
     tools = template_tools(req)
     kwargs = template_kwargs(req, defaults, thinking)
     try:
@@ -79,11 +96,18 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
         max_n=state.config.max_n,
     )
     check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
+    if policy.constraint is not None:
+        if params.structured_outputs is not None:
+            raise bad_request(
+                "tool_choice required or a named function constrains the answer to tool calls, and so does "
+                "response_format (or structured outputs); give one of them", param="tool_choice",
+            )
+        params = dataclasses.replace(params, structured_outputs=policy.constraint)
     request = GenerationRequest(
         request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
     )
-    return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none")
+    return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
 
 
 @router.post("/v1/chat/completions")
@@ -113,20 +137,30 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
     completion_tokens = reasoning_tokens = 0
     k = req.top_logprobs or 0
     for seq in out.outputs:
-        reasoning, content = split_reasoning(seq.text, turn.separate)
+        reasoning, text = split_reasoning(seq.text, turn.separate)
+        content: str | None = text
+        calls: list[dict] = []
+        if turn.tool_policy.parse:
+            parsed = parse_tool_calls(text, turn.tool_policy.parallel)
+            content, calls = parsed.content, [call.to_openai() for call in parsed.tool_calls]
+            if parsed.errors:
+                state.metrics.tool_call_parse_errors.labels(state.model_name).inc(parsed.errors)
         reasoning = (reasoning or None) if req.return_reasoning else None
-        message = ChatCompletionMessage(content=content, reasoning=reasoning, reasoning_content=reasoning)
+        message = ChatCompletionMessage(
+            content=content, reasoning=reasoning, reasoning_content=reasoning, tool_calls=_tool_calls(calls) or None
+        )
         choices.append(
             ChatCompletionChoice(
                 index=seq.index, message=message, logprobs=chat_logprobs(tokenizer, seq, k) if req.logprobs else None,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                finish_reason=_finish_reason(seq.finish_reason, bool(calls)), stop_reason=seq.stop_reason,
             )
         )
         completion_tokens += len(seq.token_ids)
         reasoning_tokens += reasoning_token_count(seq.token_ids, turn.request.thinking, tokenizer.think_end_id)
         if seq.index == 0 and turn.request.session_id is not None:
             state.session_prompts.record(
-                turn.request.session_id, turn.messages, content, out.prompt_token_ids + seq.token_ids, turn.tools
+                turn.request.session_id, turn.messages, content or "", out.prompt_token_ids + seq.token_ids, turn.tools,
+                tool_calls=calls,
             )
     state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), completion_tokens, out.outputs[0].finish_reason or "stop")
     return ChatCompletionResponse(
@@ -144,6 +178,7 @@ async def _stream_chat(
     created = int(time.time())
     n = turn.request.sampling_params.n
     parsers = [ReasoningStreamParser(turn.separate) for _ in range(n)]
+    tool_parsers = [ToolCallStreamParser(turn.tool_policy.parallel) for _ in range(n)]
     token_ids: list[list[int]] = [[] for _ in range(n)]
     contents = [""] * n
     k = req.top_logprobs or 0
@@ -161,7 +196,7 @@ async def _stream_chat(
             now = time.monotonic()
             state.metrics.itl.labels(state.model_name).observe(now - previous)
             previous = now
-            choices = []
+            rounds: list[list[ChatCompletionChunkChoice]] = []  # one chunk per round, one delta per choice in each
             for seq in out.outputs:
                 i = seq.index
                 token_ids[i].extend(seq.token_ids)
@@ -169,18 +204,30 @@ async def _stream_chat(
                 if seq.finish_reason is not None:
                     tail_reasoning, tail_content = parsers[i].finish()
                     reasoning, content = reasoning + tail_reasoning, content + tail_content
-                contents[i] += content
+                items = [ToolDelta(content=content)] if content else []
+                if turn.tool_policy.parse:
+                    items = tool_parsers[i].feed(content)
+                    if seq.finish_reason is not None:
+                        items += tool_parsers[i].finish()
+                contents[i] += "".join(item.content for item in items if item.index is None)
                 reasoning = (reasoning or None) if req.return_reasoning else None
-                delta = DeltaMessage(content=content or None, reasoning=reasoning, reasoning_content=reasoning)
                 logprobs = chat_logprobs(tokenizer, seq, k) if req.logprobs and seq.token_ids else None
-                if delta.content is None and delta.reasoning_content is None and seq.finish_reason is None and logprobs is None:
+                if not items and reasoning is None and seq.finish_reason is None and logprobs is None:
                     continue
-                choices.append(
-                    ChatCompletionChunkChoice(
-                        index=i, delta=delta, logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason
+                deltas = [_delta(item) for item in items] or [DeltaMessage()]
+                deltas[0].reasoning = deltas[0].reasoning_content = reasoning
+                finish = _finish_reason(seq.finish_reason, bool(tool_parsers[i].tool_calls))
+                for r, delta in enumerate(deltas):
+                    last_delta = r == len(deltas) - 1
+                    if r == len(rounds):
+                        rounds.append([])
+                    rounds[r].append(
+                        ChatCompletionChunkChoice(
+                            index=i, delta=delta, logprobs=logprobs if r == 0 else None,
+                            finish_reason=finish if last_delta else None, stop_reason=seq.stop_reason if last_delta else None,
+                        )
                     )
-                )
-            if choices:
+            for choices in rounds:
                 yield chunk(choices)
     except Exception as exc:  # failures after the stream started travel as an error event
         yield stream_failure(exc).sse_event()
@@ -193,10 +240,36 @@ async def _stream_chat(
         completion_tokens = sum(len(t) for t in token_ids)
         reasoning = sum(reasoning_token_count(t, turn.request.thinking, tokenizer.think_end_id) for t in token_ids)
         state.metrics.observe_finished(last.metrics, len(last.prompt_token_ids), completion_tokens, "stop")
+        errors = sum(p.errors for p in tool_parsers)
+        if errors:
+            state.metrics.tool_call_parse_errors.labels(state.model_name).inc(errors)
         if turn.request.session_id is not None:
             state.session_prompts.record(
-                turn.request.session_id, turn.messages, contents[0], last.prompt_token_ids + token_ids[0], turn.tools
+                turn.request.session_id, turn.messages, contents[0], last.prompt_token_ids + token_ids[0], turn.tools,
+                tool_calls=[call.to_openai() for call in tool_parsers[0].tool_calls],
             )
         if include_usage:
             yield chunk([], usage_of(last, completion_tokens, reasoning))
     yield "data: [DONE]\n\n"
+
+
+def _finish_reason(finish_reason: str | None, made_calls: bool) -> str | None:
+    """"tool_calls" when the model made calls and stopped by itself; else the engine's reason."""
+    return "tool_calls" if made_calls and finish_reason == "stop" else finish_reason
+
+
+def _tool_calls(calls: list[dict]) -> list[ToolCall]:
+    return [
+        ToolCall(id=c["id"], function=FunctionCall(name=c["function"]["name"], arguments=c["function"]["arguments"]))
+        for c in calls
+    ]
+
+
+def _delta(item: ToolDelta) -> DeltaMessage:
+    if item.index is None:
+        return DeltaMessage(content=item.content)
+    call = DeltaToolCall(
+        index=item.index, id=item.id, type="function" if item.id is not None else None,
+        function=DeltaFunctionCall(name=item.name, arguments=item.arguments),
+    )
+    return DeltaMessage(tool_calls=[call])

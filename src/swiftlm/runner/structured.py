@@ -1,0 +1,216 @@
+"""Structured output: a ``StructuredOutput`` compiled to an llguidance grammar, per-request matchers
+and the token bitmask the sampler applies.
+
+llguidance (a Rust grammar engine with one dependency-free wheel) was chosen over xgrammar, whose
+Linux wheel pulls in ``triton``, a large GPU-oriented package. Grammar text is built once per
+``StructuredOutput.key`` (a bounded LRU); building the llguidance tokenizer (~1.5 s for Qwen3's
+vocabulary) happens once per engine, on the first constrained request.
+
+JSON is compact: no whitespace between tokens (``whitespace_flexible: false``), so an answer can
+never run away in spaces or newlines.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+import torch
+
+from swiftlm.core.structured import StructuredOutput
+from swiftlm.text.tokenizer import Tokenizer
+
+_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+_CACHE_SIZE = 256
+_BITS = torch.arange(32, dtype=torch.int32)  # [32]
+
+
+class StructuredOutputError(ValueError):
+    """A constraint that cannot be compiled: invalid schema, unsupported feature, bad regex or
+    grammar. The message names the problem (the server answers 400)."""
+
+
+def _json_schema_text(spec: str) -> dict[str, Any]:
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise StructuredOutputError(f"the JSON schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, dict | bool):
+        raise StructuredOutputError("a JSON schema must be a JSON object")
+    return schema if isinstance(schema, dict) else ({} if schema else {"not": {}})
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text)
+
+
+def tool_calls_lark(functions: list[dict[str, Any]], parallel: bool) -> str:
+    """A Lark grammar for Qwen3's hermes calls: ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``,
+    one (``parallel`` False) or several separated by "\\n", each naming one of ``functions`` and
+    carrying arguments that match its ``parameters`` schema."""
+    if not functions:
+        raise StructuredOutputError("tool_calls needs at least one function")
+    alternatives = []
+    for i, fn in enumerate(functions):
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise StructuredOutputError("every tool needs a non-empty function name")
+        params = fn.get("parameters") or {"type": "object"}
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise StructuredOutputError(f"tool {name!r}: parameters must be a JSON schema of type object")
+        schema = {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            "x-guidance": _JSON_OPTIONS,
+        }
+        alternatives.append(f"call_{i}: %json {json.dumps(schema)}")
+    names = " | ".join(f"call_{i}" for i in range(len(functions)))
+    lines = [
+        "start: calls",
+        "calls: call" if not parallel else 'calls: call ("\\n" call)*',
+        # the tags are Qwen3's added tokens: llguidance matches them as tokens (<name>), never as text
+        'call: <tool_call> "\\n" body "\\n" </tool_call>',
+        f"body: {names}",
+        *alternatives,
+    ]
+    return "\n".join(lines)
+
+
+def grammar_text(so: StructuredOutput) -> str:
+    """The llguidance grammar for ``so`` (not yet checked: see ``check``)."""
+    try:
+        if so.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(_json_schema_text(so.spec), defaults=_JSON_OPTIONS)
+        if so.kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if so.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(so.spec)
+        if so.kind == "choice":
+            choices = json.loads(so.spec)
+            if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+                raise StructuredOutputError("choice must be a non-empty list of strings")
+            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_string(c) for c in choices))
+        if so.kind == "grammar":
+            if so.grammar_syntax == "gbnf":
+                return llguidance.grammar_from("gbnf", so.spec)
+            return llguidance.LLMatcher.grammar_from_lark(so.spec)
+        functions = json.loads(so.spec)
+        if not isinstance(functions, list):
+            raise StructuredOutputError("tool_calls needs a list of function definitions")
+        return llguidance.LLMatcher.grammar_from_lark(tool_calls_lark(functions, so.parallel))
+    except StructuredOutputError:
+        raise
+    except ValueError as exc:  # json.JSONDecodeError, GBNF conversion, non-object schema
+        raise StructuredOutputError(f"the {so.kind.replace('_', ' ')} cannot be compiled: {exc}") from exc
+
+
+class _Cache:
+    """A bounded LRU of checked grammar texts by ``StructuredOutput.key``; thread-safe."""
+
+    def __init__(self, size: int = _CACHE_SIZE) -> None:
+        self._items: OrderedDict[tuple[str, str, str, bool], str] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, so: StructuredOutput) -> str:
+        with self._lock:
+            if so.key in self._items:
+                self._items.move_to_end(so.key)
+                return self._items[so.key]
+        text = grammar_text(so)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+        if is_error:
+            raise StructuredOutputError(f"the {so.kind.replace('_', ' ')} is not supported: {messages[0].strip()}")
+        with self._lock:
+            self._items[so.key] = text
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return text
+
+
+_grammars = _Cache()
+
+
+def check(so: StructuredOutput) -> str:
+    """Compile and check ``so`` (cached); raise StructuredOutputError naming the problem."""
+    return _grammars.get(so)
+
+
+class GrammarState:
+    """One request's position in its grammar. ``accept`` advances it by a sampled token;
+    ``done`` says it has ended (accepted, or refused a token): the request must stop."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def accept(self, token_id: int) -> bool:
+        return self.matcher.consume_token(token_id)
+
+    @property
+    def done(self) -> bool:
+        return self.matcher.is_stopped() or self.matcher.is_error()
+
+    def fill_bitmask(self, row: torch.Tensor) -> None:
+        """Write the allowed tokens into ``row`` (int32, contiguous, ``ceil(V / 32)`` words)."""
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+
+class GrammarCompiler:
+    """Per engine: the llguidance tokenizer for the model's vocabulary (built on first use; the
+    model's vocabulary may be larger than the tokenizer's: the extra ids are never allowed), and
+    new ``GrammarState``s."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._ll: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._ll is None:
+                eos = list(self._tokenizer.eos_token_ids) or None
+                self._ll = llguidance.LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos)
+            return self._ll
+
+    def new_state(self, so: StructuredOutput) -> GrammarState:
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, check(so), log_level=0)
+        if matcher.is_error():
+            raise StructuredOutputError(f"the {so.kind.replace('_', ' ')} cannot be compiled: {matcher.get_error()}")
+        return GrammarState(matcher)
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Unpack a bitmask [G, W] int32 (bit ``t % 32`` of word ``t // 32`` set: token t allowed) into
+    a bool tensor [G, vocab_size]; ids past the mask's 32 * W are not allowed."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1  # [G, W, 32]
+    allowed = bits.flatten(1).bool()  # [G, 32 * W]
+    width = allowed.shape[1]
+    if width >= vocab_size:
+        return allowed[:, :vocab_size]
+    pad = torch.zeros(allowed.shape[0], vocab_size - width, dtype=torch.bool, device=allowed.device)
+    return torch.cat([allowed, pad], dim=1)
+
+
+def apply_grammars(x: torch.Tensor, index: list[int], states: list[GrammarState]) -> None:
+    """Set to -inf, in place, the logits ``x`` [B, V] of tokens that row ``index[j]``'s grammar
+    ``states[j]`` does not allow. Other rows are not touched."""
+    vocab = x.shape[1]
+    bitmask = torch.empty(len(states), bitmask_words(vocab), dtype=torch.int32)  # [G, W]
+    for j, state in enumerate(states):
+        state.fill_bitmask(bitmask[j])
+    allowed = allowed_tokens(bitmask.to(x.device), vocab)  # [G, V]
+    rows = torch.tensor(index, device=x.device)
+    x[rows] = x[rows].masked_fill(~allowed, -float("inf"))
