@@ -12,13 +12,16 @@ never run away in spaces or newlines.
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import llguidance
 import torch
+import torch.nn.functional as F
 
 from swiftlm.core.structured import StructuredOutput
 from swiftlm.text.tokenizer import Tokenizer
@@ -26,6 +29,8 @@ from swiftlm.text.tokenizer import Tokenizer
 _JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 _CACHE_SIZE = 256
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
+if sys.byteorder != "little":  # grammar_penalty reads the bitmask's int32 words as bytes
+    raise ImportError("structured output needs a little-endian machine")
 
 
 class StructuredOutputError(ValueError):
@@ -204,13 +209,49 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.cat([allowed, pad], dim=1)
 
 
-def apply_grammars(x: torch.Tensor, index: list[int], states: list[GrammarState]) -> None:
-    """Set to -inf, in place, the logits ``x`` [B, V] of tokens that row ``index[j]``'s grammar
-    ``states[j]`` does not allow. Other rows are not touched."""
-    vocab = x.shape[1]
-    bitmask = torch.empty(len(states), bitmask_words(vocab), dtype=torch.int32)  # [G, W]
+def grammar_penalty(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A bitmask [G, W] int32 as an additive penalty [G, vocab_size] float32: 0 where allowed,
+    -inf where not (ids past 32 * W too). The int32 words are read as little-endian bytes, byte k
+    of word w holding tokens 32 w + 8 k .. 32 w + 8 k + 7, and each byte is looked up in a
+    [256, 8] table: on 16 rows of Qwen3's vocabulary ~1.5 ms, against ~13 ms for unpacking the bits
+    with shifts and a masked scatter."""
+    g = bitmask.shape[0]
+    table = _byte_penalties(bitmask.device)
+    penalty = F.embedding(bitmask.contiguous().view(torch.uint8).long(), table).view(g, -1)  # [G, 32 W]
+    width = penalty.shape[1]
+    if width >= vocab_size:
+        return penalty[:, :vocab_size]
+    pad = torch.full((g, vocab_size - width), -float("inf"), device=bitmask.device)
+    return torch.cat([penalty, pad], dim=1)
+
+
+@functools.cache
+def _byte_penalties(device: torch.device) -> torch.Tensor:
+    """[256, 8] float32: entry [b, i] is 0 when bit i of byte b is set, else -inf."""
+    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.where(bits.bool(), 0.0, -float("inf")).to(device)
+
+
+def fill_bitmasks(states: list[GrammarState], vocab_size: int) -> torch.Tensor:
+    """The allowed tokens of each state, [G, W] int32 (``bitmask_words(vocab_size)`` words a row)."""
+    bitmask = torch.empty(len(states), bitmask_words(vocab_size), dtype=torch.int32)  # [G, W]
     for j, state in enumerate(states):
         state.fill_bitmask(bitmask[j])
-    allowed = allowed_tokens(bitmask.to(x.device), vocab)  # [G, V]
-    rows = torch.tensor(index, device=x.device)
-    x[rows] = x[rows].masked_fill(~allowed, -float("inf"))
+    return bitmask
+
+
+def apply_grammars(x: torch.Tensor, index: list[int], states: list[GrammarState]) -> None:
+    """Set to -inf, in place, the logits ``x`` [B, V] of tokens that row ``index[j]``'s grammar
+    ``states[j]`` does not allow. Other rows are not touched.
+
+    The masks are filled here, after the forward. Filling them on a worker thread during the
+    forward measured no faster on 2 cores (decode at batch 16: 0.73-0.83x of unconstrained with the
+    thread, 0.79x without; llguidance's parallel executor 0.70x): the cores are busy with the
+    forward. Inside JSON strings a mask takes ~0.7 ms a row."""
+    vocab = x.shape[1]
+    bitmask = fill_bitmasks(states, vocab)
+    penalty = grammar_penalty(bitmask.to(x.device), vocab)  # [G, V]
+    if index == list(range(x.shape[0])):
+        x.add_(penalty)  # every row constrained, in order: no gather
+    else:
+        x.index_add_(0, torch.tensor(index, device=x.device), penalty)
