@@ -72,7 +72,7 @@ def test_decode_layers_equal_python_loop(kernels: CpuKernels, tiny_model_dir: Pa
         pytest.skip("no AMX here")
     if path == "int8" or path == "int4":
         assert kernels.quant is not None
-    base = dataclasses.replace(kernels, amx=None, amx_rows=0) if path == "gemv-only" else kernels
+    base = dataclasses.replace(kernels, amx=None) if path == "gemv-only" else kernels
     quantization = path if path in ("int8", "int4") else None
     # every prompt prefills in the first step, so that decode steps shrink from the whole batch to 1
     kwargs = {"dtype": "bfloat16", "quantization": quantization, "max_num_batched_tokens": 4096, "max_num_seqs": 64}
@@ -85,7 +85,7 @@ def test_decode_layers_equal_python_loop(kernels: CpuKernels, tiny_model_dir: Pa
     assert slow.engine.backend.step_plan.decode_layers is None
     assert "decode layers op" in slow.engine.backend.describe()  # named as a fallback
     layers = fast.engine.backend.step_plan.decode_layers
-    assert layers.max_rows == {"amx": kernels.amx_rows, "gemv-only": GEMV_ROWS_WITHOUT_AMX}.get(path, QUANT_GEMV_ROWS)
+    assert layers.max_rows == {"amx": kernels.amx.max_rows if kernels.amx else 0, "gemv-only": GEMV_ROWS_WITHOUT_AMX}.get(path, QUANT_GEMV_ROWS)
     # decode steps of up to max_rows rows went through the op, larger ones through the Python loop
     assert sorted(set(calls)) == list(range(1, min(batch, layers.max_rows) + 1))
     # the KV pools hold the same K/V, bit for bit

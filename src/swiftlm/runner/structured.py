@@ -28,7 +28,6 @@ from swiftlm.text.tokenizer import Tokenizer
 
 _JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
 _CACHE_SIZE = 256
-_BITS = torch.arange(32, dtype=torch.int32)  # [32]
 if sys.byteorder != "little":  # grammar_penalty reads the bitmask's int32 words as bytes
     raise ImportError("structured output needs a little-endian machine")
 
@@ -200,13 +199,7 @@ def bitmask_words(vocab_size: int) -> int:
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Unpack a bitmask [G, W] int32 (bit ``t % 32`` of word ``t // 32`` set: token t allowed) into
     a bool tensor [G, vocab_size]; ids past the mask's 32 * W are not allowed."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1  # [G, W, 32]
-    allowed = bits.flatten(1).bool()  # [G, 32 * W]
-    width = allowed.shape[1]
-    if width >= vocab_size:
-        return allowed[:, :vocab_size]
-    pad = torch.zeros(allowed.shape[0], vocab_size - width, dtype=torch.bool, device=allowed.device)
-    return torch.cat([allowed, pad], dim=1)
+    return grammar_penalty(bitmask, vocab_size) == 0
 
 
 def grammar_penalty(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

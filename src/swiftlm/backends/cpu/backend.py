@@ -29,6 +29,7 @@ from swiftlm.backends.cpu.decode import DecodeLayers
 from swiftlm.backends.cpu.fused_forward import StepPlan, build_plan, fused_forward
 from swiftlm.backends.cpu.host_memory import huge_page_tensors
 from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
+from swiftlm.backends.cpu.kernels.build import dtype_name
 from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
 from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
 from swiftlm.backends.cpu.limits import RowLimits
@@ -58,7 +59,7 @@ class CpuBackend(Backend):
         self.kernels = kernels if kernels is not None else CpuKernels.load(disable)
         k = self.kernels
         self.limits = RowLimits.for_kernels(
-            gemv=k.gemv is not None, amx_capacity=k.amx_rows if k.amx is not None else None, quant=k.quant is not None
+            gemv=k.gemv is not None, amx_capacity=k.amx.max_rows if k.amx is not None else None, quant=k.quant is not None
         )
         self.prepack = prepack
         self.place_weights = place_weights
@@ -102,10 +103,10 @@ class CpuBackend(Backend):
                 self.fell_back("bf16 GEMV", k.missing.get("gemv", "not loaded"))
         elif dtype != torch.bfloat16:
             if quantization is None:
-                self.fell_back("bf16 GEMV", f"{str(dtype).removeprefix('torch.')} weights (the kernel takes bfloat16)")
+                self.fell_back("bf16 GEMV", f"{dtype_name(dtype)} weights (the kernel takes bfloat16)")
         else:
             extra = self.prepack is True and packing
-            count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx)
+            count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx.linear if k.amx else None)
             self.num_kernel_linears = count
             if count:
                 self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}), more rows: "

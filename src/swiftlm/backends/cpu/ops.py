@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swiftlm.backends.cpu.kernels.amx_linear_cpu import amx_capacity, load_amx_linear
+from swiftlm.backends.cpu.kernels.amx_linear_cpu import AmxKernel, load_amx_kernel
 from swiftlm.backends.cpu.kernels.attention_cpu import PagedDecodeAttention, load_paged_attention
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
 from swiftlm.backends.cpu.kernels.decode_cpu import load_decode_layers
@@ -30,8 +30,7 @@ KERNELS = ("fused_ops", "gemv", "amx", "attention", "decode_layers", "quant")
 class CpuKernels:
     fused_ops: FusedOps | None = None  # norms, q/k norm + rotary, SiLU-multiply (kernels/fused_cpu.cpp)
     gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 (kernels/bf16_linear_cpu.cpp)
-    amx: Linear | None = None  # bf16 linear for small batches, AMX (kernels/amx_linear_cpu.cpp)
-    amx_rows: int = 0  # the AMX kernel's row capacity (from the kernel), 0 without it
+    amx: AmxKernel | None = None  # bf16 linear for small batches, AMX, and its row capacity
     attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512
     decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
     quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
@@ -64,9 +63,9 @@ class CpuKernels:
 
         fused = take("fused_ops", load_fused_ops)
         gemv = take("gemv", load_bf16_gemv)
-        amx = take("amx", load_amx_linear)
+        amx = take("amx", load_amx_kernel)
         attention = take("attention", load_paged_attention)
         decode = take("decode_layers", load_decode_layers)
         quant = take("quant", load_quant_kernels)
-        return cls(fused_ops=fused, gemv=gemv, amx=amx, amx_rows=amx_capacity() or 0 if amx is not None else 0,
+        return cls(fused_ops=fused, gemv=gemv, amx=amx,
                    attention=attention, decode_layers=decode, quant=quant, missing=missing)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")  # AVX512-BF16 is used when present
@@ -45,7 +45,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int) -> str | None:
     """None if the kernel runs this attention shape, else why not (any GQA group size runs)."""
     if dtype not in DTYPES:
-        return f"{str(dtype).removeprefix('torch.')} activations (the kernel takes float32 or bfloat16)"
+        return f"{dtype_name(dtype)} activations (the kernel takes float32 or bfloat16)"
     if head_dim % HEAD_DIM_MULTIPLE:
         return f"head_dim {head_dim} is not a multiple of {HEAD_DIM_MULTIPLE}"
     if n_kv_heads <= 0 or n_heads % n_kv_heads:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("bf16_linear_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
@@ -25,7 +25,7 @@ K_MULTIPLE = 32  # the kernel reads K in vectors of 32 bf16 values
 def supports(dtype: torch.dtype, in_features: int) -> str | None:
     """None if a linear of ``dtype`` weights and ``in_features`` runs on the kernel, else why not."""
     if dtype != torch.bfloat16:
-        return f"{str(dtype).removeprefix('torch.')} weights (the kernel takes bfloat16)"
+        return f"{dtype_name(dtype)} weights (the kernel takes bfloat16)"
     if in_features % K_MULTIPLE:
         return f"in_features {in_features} is not a multiple of {K_MULTIPLE}"
     return None

@@ -29,6 +29,11 @@ CPU_LDFLAGS = ("-fopenmp",)
 _DONE = "build.done"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16``: how the kernels' ``supports()`` name a dtype they refuse."""
+    return str(dtype).removeprefix("torch.")
+
+
 def cache_dir() -> Path:
     """``$SWIFTLM_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/swiftlm/backends/cpu/kernels`` (``~/.cache`` by default)."""
     explicit = os.environ.get("SWIFTLM_KERNEL_CACHE")

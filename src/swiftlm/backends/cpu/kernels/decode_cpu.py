@@ -18,7 +18,7 @@ import torch
 from swiftlm.backends.cpu.kernels.attention_cpu import load_paged_attention
 from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
-from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
 from swiftlm.backends.cpu.kernels.fused_cpu import load_fused_ops
 
 SOURCE = Path(__file__).with_name("decode_cpu.cpp")
@@ -29,7 +29,7 @@ def supports(dtype: torch.dtype, hidden: int, n_heads: int, n_kv_heads: int, hea
              intermediate: int) -> str | None:
     """None if the op runs a model of this shape (its linears aside, see ``DecodeLayers``), else why not."""
     if dtype != torch.bfloat16:
-        return f"{str(dtype).removeprefix('torch.')} activations (the op takes bfloat16)"
+        return f"{dtype_name(dtype)} activations (the op takes bfloat16)"
     for name, width in (("hidden_size", hidden), ("heads * head_dim", n_heads * head_dim),
                         ("intermediate_size", intermediate)):
         if width % WIDTH_MULTIPLE:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
 DTYPES = (torch.float32, torch.bfloat16)
@@ -25,7 +25,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 def supports(dtype: torch.dtype, head_dim: int) -> str | None:
     """None if the ops run a model of this activation dtype and head_dim, else why not."""
     if dtype not in DTYPES:
-        return f"{str(dtype).removeprefix('torch.')} activations (the ops take float32 or bfloat16)"
+        return f"{dtype_name(dtype)} activations (the ops take float32 or bfloat16)"
     if head_dim % 2:
         return f"head_dim {head_dim} is odd (rotary pairs halves)"
     return None
