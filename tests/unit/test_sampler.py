@@ -340,3 +340,40 @@ def test_bfloat16_logits_are_sampled_in_float32_and_left_untouched() -> None:
     assert out.token_ids == [int(biased.argmax()), int(logits[1].float().argmax())]
     assert out.logprobs is not None
     assert out.logprobs[0] == pytest.approx(float(biased.log_softmax(-1)[out.token_ids[0]]), abs=1e-6)
+
+
+@pytest.mark.parametrize("vocab", [128 * 50, 1000])
+def test_top_k_candidates_from_the_largest_logits_equal_the_threshold_scan(vocab: int) -> None:
+    """The top-k fast path gives exactly the candidates of the threshold scan (values, ids,
+    canonical order, counts), and declines rows whose k-th logit ties past k."""
+    from swiftlm.runner.sampler import _candidates, _top_k_candidates
+
+    gen = torch.Generator().manual_seed(11)
+    used = declined = 0
+    for trial in range(20):
+        x = torch.randn(6, vocab, generator=gen) * 3
+        if trial % 2:
+            x = x.to(torch.bfloat16).float()  # bf16 logits: ties are common
+        rows = [
+            SamplingRow(
+                params=SamplingParams(temperature=1.0, top_k=1 + (7 * r + trial) % 40),
+                prompt_token_ids=[],
+                output_token_ids=[],
+                generator=None,
+            )
+            for r in range(6)
+        ]
+        fast, fast_values, fast_ids = _top_k_candidates(x, rows, range(6))
+        ks = torch.tensor([r.params.top_k for r in rows]).unsqueeze(1)
+        threshold = x.sort(dim=-1, descending=True).values.gather(1, ks - 1)
+        values, ids, counts = _candidates(x, threshold)
+        for r in range(6):
+            if r not in fast:
+                assert int((x[r] >= threshold[r]).sum()) > rows[r].params.top_k  # a tie past k
+                declined += 1
+                continue
+            used += 1
+            f, c = fast.index(r), counts[r]
+            assert c == rows[r].params.top_k
+            assert torch.equal(fast_values[f, :c], values[r, :c]) and torch.equal(fast_ids[f, :c], ids[r, :c])
+    assert used and declined

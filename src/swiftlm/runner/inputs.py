@@ -49,7 +49,9 @@ class StepInputs:
     prompt_rows: list[PromptRows] = field(default_factory=list)  # empty unless a request asks
 
 
-def build_step_inputs(scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu") -> StepInputs:
+def build_step_inputs(
+    scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu"
+) -> StepInputs:
     # plain Python lists, one tensor each at the end: a decode step has a handful of rows, and
     # ~10 small torch ops cost more than the lists (~0.6 ms a step)
     ids: list[int] = []

@@ -1,0 +1,33 @@
+"""One row of a sampling step: the request's parameters, tokens and constraints at this step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swiftlm.runner.structured import GrammarState
+from swiftlm.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """One row of the batch: one request at this step.
+
+    ``generator`` is the request's own generator when ``params.seed`` is set (it must live on the
+    logits' device). A sampled step draws one uniform from it per candidate token (V without
+    top-k / top-p), a greedy or forced step none, whatever else is in the batch.
+    ``banned_token_ids`` get logit -inf (the engine uses it for EOS while ``min_tokens`` is not
+    reached). ``forced_token_id`` is returned as the token, with its logprob under the processed
+    logits. ``grammar``: the request's structured-output state; tokens it does not allow get
+    logit -inf (before temperature, top-k, top-p). Rows without one cost nothing.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None
+    banned_token_ids: Sequence[int] = ()
+    forced_token_id: int | None = None
+    grammar: GrammarState | None = None
