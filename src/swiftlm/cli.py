@@ -42,10 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swiftlm", description="Low-latency serving of small language models behind an OpenAI-compatible API."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,batch,bench}")
     _add_serve(sub)
     _add_generate(sub)
     _add_chat(sub)
+    from swiftlm.cli_batch import add_batch_parser
+
+    add_batch_parser(sub)
     from swiftlm.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
@@ -118,6 +121,14 @@ def _add_serve(sub: Any) -> None:
                    help='chat template kwargs for every request, e.g. \'{"enable_thinking": false}\'')
     h.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for (default: 16)")
     h.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"), default="info")
+    b = p.add_argument_group("Batch API")
+    b.add_argument("--disable-batch-api", action="store_true", help="do not serve /v1/files and /v1/batches (404)")
+    b.add_argument("--batch-storage-dir", metavar="DIR",
+                   help="where jobs, their lines and files are kept (default: ~/.cache/swiftlm/batches)")
+    b.add_argument("--batch-retention-hours", type=float, default=168.0, metavar="HOURS",
+                   help="delete finished jobs and their files after this long (default: 168)")
+    b.add_argument("--max-batch-file-bytes", type=parse_bytes, default=200 * 1024 * 1024, metavar="BYTES",
+                   help="largest upload or inline batch (default: 200MiB; larger: 413)")
     from swiftlm.server.vllm_flags import add_vllm_flags
 
     add_vllm_flags(p)
@@ -144,6 +155,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         max_model_len=args.max_model_len,
         max_queued_requests=args.max_queued_requests,
         max_queue_wait=max_queue_wait(args),
+        scheduling_policy=args.scheduling_policy,
     )
     engine = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler,
@@ -163,6 +175,10 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         log_level=args.log_level,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser or "hermes",
+        enable_batch_api=not args.disable_batch_api,
+        batch_storage_dir=args.batch_storage_dir,
+        batch_retention_hours=args.batch_retention_hours,
+        max_batch_file_bytes=args.max_batch_file_bytes,
     )
     return engine, server
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,9 @@ class CacheConfig:
             raise ConfigError(f"num_blocks must be at least 2 (one is the null block), got {self.num_blocks}")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Continuous batching limits and admission control."""
@@ -121,8 +125,32 @@ class SchedulerConfig:
     max_model_len: int = 8192
     max_queued_requests: int = 256
     max_queue_wait: float | None = None  # seconds a request may wait before it is refused
+    # "fcfs": waiting requests are admitted in arrival order and the most recently admitted running
+    # request is preempted first; "priority" (vLLM's): in (priority, arrival) order, lowest value
+    # first, and the running request with the largest (priority, arrival) is preempted first
+    scheduling_policy: str = "fcfs"
+    # background requests (Batch API lines) run only when no interactive request waits, in at most
+    # this share of max_num_seqs seats and of each step's max_num_batched_tokens (each at least 1)
+    background_max_seqs_share: float = 0.5
+    background_max_tokens_share: float = 0.25  # 128 of 512: a background step stays short (~0.25 s on 2 cores)
+    # ... and while any interactive request runs or waits, at most this many tokens a step (decode
+    # rows and prefill chunks), prefill chunks only every background_busy_prefill_every-th step (0:
+    # none): a step's time grows with its tokens, and a prefill chunk makes it take the general path
+    background_busy_tokens: int = 8
+    background_busy_prefill_every: int = 4
+    background_busy_linger_s: float = 1.0  # "while" lasts this long after the last interactive request
 
     def __post_init__(self) -> None:
+        if self.background_busy_tokens < 0 or self.background_busy_prefill_every < 0:
+            raise ConfigError("background_busy_tokens and background_busy_prefill_every must be >= 0, got "
+                              f"{self.background_busy_tokens}, {self.background_busy_prefill_every}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                              f"got {self.scheduling_policy!r}")
+        for name in ("background_max_seqs_share", "background_max_tokens_share"):
+            share = getattr(self, name)
+            if not 0.0 < share <= 1.0:
+                raise ConfigError(f"{name} must be in (0, 1], got {share}")
         if self.max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -131,6 +159,16 @@ class SchedulerConfig:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_queued_requests < 1:
             raise ConfigError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+
+    @property
+    def max_background_seqs(self) -> int:
+        """Seats background requests may hold at once: the share of max_num_seqs, at least 1."""
+        return max(1, math.floor(self.background_max_seqs_share * self.max_num_seqs))
+
+    @property
+    def max_background_tokens(self) -> int:
+        """Tokens background requests may compute in one step: the share of the budget, at least 1."""
+        return max(1, math.floor(self.background_max_tokens_share * self.max_num_batched_tokens))
 
 
 QUANTIZATIONS = ("int8", "int4")
@@ -184,9 +222,23 @@ class ServerConfig:
     # how tool calls in the answer reach the client: "hermes" (Qwen3's <tool_call> format) parses
     # them into message.tool_calls when the request offers tools; "none" leaves them as text in content
     tool_call_parser: str = "hermes"
+    # the Batch API (/v1/files, /v1/batches): on unless turned off; jobs and files live in
+    # batch_storage_dir (None: ~/.cache/swiftlm/batches); finished jobs are deleted after
+    # batch_retention_hours (None: kept)
+    enable_batch_api: bool = True
+    batch_storage_dir: str | None = None
+    batch_retention_hours: float | None = 168.0
+    max_batch_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit
+    batch_max_concurrent_lines: int = 64  # lines handed to the engine at once (they wait at background priority)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
+        if self.max_batch_file_bytes < 1:
+            raise ConfigError(f"max_batch_file_bytes must be >= 1, got {self.max_batch_file_bytes}")
+        if self.batch_max_concurrent_lines < 1:
+            raise ConfigError(f"batch_max_concurrent_lines must be >= 1, got {self.batch_max_concurrent_lines}")
+        if self.batch_retention_hours is not None and self.batch_retention_hours <= 0:
+            raise ConfigError(f"batch_retention_hours must be > 0, got {self.batch_retention_hours}")
         if not all(isinstance(name, str) and name for name in self.served_model_names):
             raise ConfigError(f"served model names must be non-empty strings, got {self.served_model_names!r}")
         if self.reasoning_parser not in REASONING_PARSERS:

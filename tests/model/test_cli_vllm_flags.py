@@ -129,10 +129,8 @@ def test_several_served_model_names() -> None:
 
 
 # -- the no-effect log line -------------------------------------------------------------------------
-ALL_UNMET = ("--gpu-memory-utilization 0.82 --num-scheduler-steps 4 --disable-log-stats false --swap-space 4 "
-             "--enable-batch-api")
-UNMET_NAMES = ["--gpu-memory-utilization", "--num-scheduler-steps", "--disable-log-stats false", "--swap-space",
-               "--enable-batch-api"]
+ALL_UNMET = "--gpu-memory-utilization 0.82 --num-scheduler-steps 4 --disable-log-stats false --swap-space 4"
+UNMET_NAMES = ["--gpu-memory-utilization", "--num-scheduler-steps", "--disable-log-stats false", "--swap-space"]
 
 
 def test_no_effect_names_each_unmet_flag_with_its_reason() -> None:

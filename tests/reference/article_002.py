@@ -8,10 +8,7 @@ marked ``# changed:`` or ``# added:``; a value a snippet prints is also returned
 Left out, and why:
 - the latency and throughput claims (42 %, 2.3x, 80 ms, "普通模式，120ms"): timing on an RTX 4090;
 - §3.2's ``from vllm.model_executor.input_metadata import InputMetadata``: an obsolete vLLM module,
-  unused by the snippet; ``from vllm import LLM, SamplingParams`` becomes ``from swiftlm import ...``;
-- §4.1's ``requests.post(".../v1/batches", json={"input": batch_requests})``: the Batch API is not
-  part of this change, and that body is not OpenAI's Batch API (which takes an uploaded
-  ``input_file_id``).
+  unused by the snippet; ``from vllm import LLM, SamplingParams`` becomes ``from swiftlm import ...``.
 """
 
 from __future__ import annotations
@@ -81,6 +78,37 @@ def offline_generate():
         print(f"Prompt: {output.prompt[:30]}...")
         print(f"Generated: {output.outputs[0].text[:100]}...\n")
     return prompts, outputs  # added: returned for the test
+
+
+# -- §4.1 批量请求：用`openai.Batch`替代循环调用 -------------------------------------------------
+def submit_batch(base_url: str):  # added: a function taking the server's address
+    # 构建批量请求体（符合OpenAI Batch API格式）
+    batch_requests = [
+        {
+            "custom_id": f"req_{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "Qwen/Qwen3-0.6B",
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 256,
+                "temperature": 0.4
+            }
+        }
+        for i, prompt in enumerate([
+            "总结机器学习三要素",
+            "写一封辞职信模板",
+            "解释HTTPS握手过程"
+        ])
+    ]
+    # 发送批量请求（需vLLM启用batch endpoint）
+    import requests
+    response = requests.post(
+        f"{base_url}/v1/batches",  # changed: base URL (the article's "http://localhost:8000/v1/batches")
+        headers={"Content-Type": "application/json"},
+        json={"input": batch_requests}
+    )
+    return response  # added: returned for the test
 
 
 # -- §4.2 流式输出：手动解析<think>标签 ---------------------------------------------------------

@@ -124,6 +124,8 @@ class ServeProcess:
 def spawn_serve(args: list[str], port: int, log_dir: Path, env: dict[str, str] | None = None) -> ServeProcess:
     """Start ``swiftlm serve`` with these arguments (the caller puts the port in them)."""
     log_path = log_dir / f"serve-{port}.log"
+    if args[:1] == ["serve"] and "--batch-storage-dir" not in args:  # Batch API jobs: not in the user's cache
+        args = [*args, "--batch-storage-dir", str(log_dir / f"batches-{port}")]
     argv = [sys.executable, "-m", "swiftlm", *args]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(

@@ -4,6 +4,7 @@ resolved offline from a hub cache holding the scripted checkpoint."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,25 @@ def test_offline_llm_snippet(hub_cache: Path, monkeypatch: pytest.MonkeyPatch, c
         assert 1 < len(ids) <= len(SCRIPT) and ids == SCRIPT[-len(ids):], ids
     out = capsys.readouterr().out
     assert out.count("Prompt: ") == 2 and out.count("Generated: ") == 2
+
+
+def test_inline_batch_snippet_creates_a_job_that_completes(reference_server) -> None:
+    """§4.1, as printed (only the base URL changed): the inline ``{"input": [...]}`` body."""
+    import time
+
+    import httpx
+
+    response = article_002.submit_batch(reference_server.base_url)
+    assert response.status_code == 200, response.text
+    batch = response.json()
+    assert batch["object"] == "batch" and batch["endpoint"] == "/v1/chat/completions"
+    deadline = time.monotonic() + 120
+    while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.2)
+        batch = httpx.get(f"{reference_server.v1}/batches/{batch['id']}", timeout=10).json()
+    assert batch["status"] == "completed" and batch["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    output = httpx.get(f"{reference_server.v1}/files/{batch['output_file_id']}/content", timeout=10).text
+    lines = [json.loads(line) for line in output.splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["req_0", "req_1", "req_2"]
+    assert all(line["response"]["status_code"] == 200 for line in lines)

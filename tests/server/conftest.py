@@ -6,6 +6,7 @@ The scripted checkpoint (tests/conftest.py) answers "<think>Hmm, okay</think>\\n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -63,8 +64,9 @@ class RunningServer:
 
 
 @pytest.fixture(scope="module")
-def start_server() -> Iterator:
-    """start_server(model_dir, server_config=None, **engine_kwargs) -> RunningServer."""
+def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """start_server(model_dir, server_config=None, **engine_kwargs) -> RunningServer. Each
+    server keeps its Batch API jobs in a fresh directory unless the config names one."""
     servers: list[tuple[uvicorn.Server, threading.Thread, AsyncEngine]] = []
 
     def start(model_dir: Path, server_config: ServerConfig | None = None, **engine_kwargs) -> RunningServer:
@@ -72,7 +74,10 @@ def start_server() -> Iterator:
         dtype = engine_kwargs.pop("dtype")
         engine = AsyncEngine(Engine(engine_config(str(model_dir), dtype, "cpu", **engine_kwargs)))
         port = free_port()
-        app = create_app(engine, server_config or ServerConfig(), "swiftlm-test")
+        config = server_config or ServerConfig()
+        if config.enable_batch_api and config.batch_storage_dir is None:
+            config = dataclasses.replace(config, batch_storage_dir=str(tmp_path_factory.mktemp("batches")))
+        app = create_app(engine, config, "swiftlm-test")
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

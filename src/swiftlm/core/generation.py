@@ -24,7 +24,10 @@ class GenerationRequest:
     needs it to enforce ``sampling_params.thinking_budget``, the server to split the reasoning from
     the answer. ``stream``: the caller reads output deltas as they come; ``final_only``: the engine
     reports the request once, when it finishes (a caller waiting for the whole answer). None of
-    ``arrival_time`` means "when the engine gets it" (``time.monotonic()``).
+    ``arrival_time`` means "when the engine gets it" (``time.monotonic()``). ``priority`` (vLLM's
+    meaning, used by the "priority" scheduling policy): a lower value is served earlier, ties in
+    arrival order. ``background``: a Batch API line, run only in the room interactive requests
+    leave (``SchedulerConfig.background_max_seqs_share`` and ``background_max_tokens_share``).
     """
 
     request_id: str
@@ -36,6 +39,8 @@ class GenerationRequest:
     stream: bool = False
     final_only: bool = False
     arrival_time: float | None = None
+    priority: int = 0
+    background: bool = False
 
     def __post_init__(self) -> None:
         if self.stream and self.final_only:

@@ -46,6 +46,8 @@ class Request:
     thinking: bool = False  # the prompt opens a reasoning section the model writes first
     think_end_ids: tuple[int, ...] = ()  # tokens that close it ("</think>", "\n\n")
     think_start_ids: tuple[int, ...] = ()  # tokens that open it ("<think>", "\n")
+    priority: int = 0  # lower is served earlier under the "priority" policy
+    background: bool = False  # a Batch API line: runs in the room interactive requests leave
 
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)

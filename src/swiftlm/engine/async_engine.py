@@ -110,10 +110,11 @@ class AsyncEngine:
             raise EngineDeadError("the engine is shutting down")
         self.engine.validate(request.prompt_token_ids, request.sampling_params)
         limit = self.engine.config.scheduler.max_queued_requests
+        counted = not request.background  # Batch API lines wait in their own queue, outside the limit
         with self._count_lock:
-            if self.num_queued() >= limit:
+            if counted and self.num_queued() >= limit:
                 raise QueueFullError(f"{limit} requests are already waiting (max_queued_requests); retry later")
-            self._pending_adds += 1
+            self._pending_adds += counted
         request_id = request.request_id
         channel = _Channel(asyncio.get_running_loop(), asyncio.Queue())
         self._channels[request_id] = channel
@@ -122,7 +123,7 @@ class AsyncEngine:
 
         def add() -> None:
             with self._count_lock:
-                self._pending_adds -= 1
+                self._pending_adds -= counted
             try:
                 self.engine.add_request(request)
             except Exception as exc:  # the queue filled up meanwhile

@@ -153,6 +153,8 @@ class Engine:
                 thinking=budgeted,
                 think_end_ids=self._think_end_ids,
                 think_start_ids=self._think_start_ids,
+                priority=request.priority,
+                background=request.background,
             )
             children.append(child)
         if params.structured_outputs is not None:

@@ -1,16 +1,35 @@
 """Scheduler: which requests compute how many tokens this step. Touches no tensors.
 
 One token budget per step. Running requests go first, decodes before prefill chunks, so a long
-prompt never stalls the requests already generating; then waiting requests are admitted in
-arrival order with chunks that fill what is left of the budget. When blocks run out, the most
-recently admitted running request is preempted: its blocks are freed and it recomputes later
-(the output is unchanged, since its tokens are kept).
+prompt never stalls the requests already generating; then waiting requests are admitted with
+chunks that fill what is left of the budget. When blocks run out, a running request not yet
+scheduled this step is preempted: its blocks are freed and it recomputes later (the output is
+unchanged, since its tokens are kept).
+
+``SchedulerConfig.scheduling_policy`` picks the order:
+
+- "fcfs": waiting requests are admitted in arrival order; the most recently admitted gives way.
+- "priority" (vLLM's): admitted in (priority, arrival) order, lowest value first; the running
+  request with the largest (priority, arrival) gives way.
+
+Background requests (Batch API lines), under either policy, wait in a queue of their own and run
+in the room interactive requests leave. Each step's budget is spent in this order:
+
+    |<----------------------------- max_num_batched_tokens ------------------------------>|
+    | interactive decodes | interactive prefills | background (<= max_background_tokens) | admitted ...
+
+While an interactive request runs or waits, the background share shrinks to
+``background_busy_tokens`` a step. They are admitted only when no interactive request waits, hold at most ``max_background_seqs``
+seats, are preempted before any interactive request, and are exempt from ``max_queued_requests``
+and ``max_queue_wait``.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import SchedulerConfig
@@ -22,76 +41,169 @@ class QueueFullError(RuntimeError):
     """The waiting queue is at ``max_queued_requests``; the server answers 429."""
 
 
+def _rank(request: Request) -> tuple[int, float]:
+    """The "priority" policy's order: lower is more important."""
+    return request.priority, request.arrival_time
+
+
+@dataclass(slots=True)
+class _Budget:
+    """This step's tokens left: every request draws on ``total``, background ones on ``background`` too."""
+
+    total: int
+    background: int
+    background_prefill: int  # of which prefill chunks
+
+    def left(self, request: Request) -> int:
+        if not request.background:
+            return self.total
+        if request.is_prefilling or request.status is RequestStatus.WAITING:
+            return min(self.total, self.background, self.background_prefill)
+        return min(self.total, self.background)
+
+    def spend(self, request: Request, n: int) -> None:
+        self.total -= n
+        if request.background:
+            self.background -= n
+            if request.is_prefilling or request.status is RequestStatus.WAITING:
+                self.background_prefill -= n
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock=time.monotonic) -> None:
         self.config = config
         self.kv = kv
         self.clock = clock
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()  # interactive requests
+        self.background_waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # both kinds, in admission order
         self.num_preemptions = 0
+        self._by_priority = config.scheduling_policy == "priority"
+        self._steps = 0
+        self._interactive_seen = -float("inf")  # when an interactive request last ran or waited
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.background_waiting) + len(self.running)
+
+    @property
+    def num_background_waiting(self) -> int:
+        return len(self.background_waiting)
+
+    @property
+    def num_background_running(self) -> int:
+        return sum(r.background for r in self.running)
 
     def add_request(self, request: Request) -> None:
-        if len(self.waiting) >= self.config.max_queued_requests:
+        if not request.background and len(self.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(
                 f"the server has {len(self.waiting)} requests waiting (max_queued_requests="
                 f"{self.config.max_queued_requests}); retry later"
             )
         request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+        self._enqueue(request, preempted=False)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        budget = self._budget()
         now = self.clock()
         self._expire_waiting(now, out)
+        self._schedule_running(budget, out)
+        if not out.preempted:
+            self._admit(self.waiting, budget, now, out)
+            if not self.waiting:  # background requests only take what no interactive one waits for
+                self._admit(self.background_waiting, budget, now, out)
+        return out
 
-        # 1. running requests: decodes first, then prefill chunks in admission order
-        decodes = [r for r in self.running if not r.is_prefilling]
-        prefills = [r for r in self.running if r.is_prefilling]
+    def _budget(self) -> _Budget:
+        """This step's tokens. While an interactive request runs or waits, background requests
+        get ``background_busy_tokens`` (decode rows, mostly: a step with a prefill chunk takes the
+        slower general path), and a prefill chunk only every ``background_busy_prefill_every``-th
+        step, so interactive steps stay short and batch lines still progress. "While" lasts
+        ``background_busy_linger_s`` past the last one: the next request of a client that just got
+        its answer does not arrive during a long background step."""
+        self._steps += 1
+        background = self.config.max_background_tokens
+        prefill = background
+        now = self.clock()
+        if self.waiting or any(not r.background for r in self.running):
+            self._interactive_seen = now
+        if now - self._interactive_seen <= self.config.background_busy_linger_s:
+            background = min(background, self.config.background_busy_tokens)
+            every = self.config.background_busy_prefill_every
+            prefill = background if every and self._steps % every == 0 else 0
+        return _Budget(self.config.max_num_batched_tokens, background, prefill)
+
+    def _schedule_running(self, budget: _Budget, out: SchedulerOutput) -> None:
+        """Interactive decodes, interactive prefill chunks, then background ones: admission order
+        within each group (a stable sort of ``running``)."""
+        order = sorted(self.running, key=lambda r: (r.background, r.is_prefilling))
         scheduled: set[int] = set()
-        for request in decodes + prefills:
-            if budget == 0:
+        for request in order:
+            if budget.total == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+            limit = budget.left(request)
+            if limit == 0:
+                continue  # the background share of this step is spent
+            n = min(request.num_tokens - request.num_computed_tokens, limit)
             while not self.kv.allocate_slots(request, n):
-                # the most recently admitted request not yet scheduled this step gives way
-                victim = next(r for r in reversed(self.running) if id(r) not in scheduled)
+                victim = self._victim(scheduled)
                 self._preempt(victim, out)
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
                 out.scheduled.append(ScheduledRequest(request, n))
                 scheduled.add(id(request))
-                budget -= n
+                budget.spend(request, n)
 
-        # 2. waiting requests, in arrival order, while budget, sequence slots and blocks last
-        if not out.preempted:
-            skipped: list[Request] = []
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                request = self.waiting.popleft()
-                if not request.ready_to_share():
-                    skipped.append(request)  # an n>1 sibling still computing the shared prompt
-                    continue
-                n = self.kv.admit(request, budget, now)
-                if n == 0:
-                    self.waiting.appendleft(request)
-                    break
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = request.num_computed_tokens
-                    request.metrics.first_scheduled_time = now
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
-                out.scheduled.append(ScheduledRequest(request, n))
-                budget -= n
-            self.waiting.extendleft(reversed(skipped))
-        return out
+    def _victim(self, scheduled: set[int]) -> Request:
+        """The running request, not yet scheduled this step, that gives way: background before
+        interactive; then the largest (priority, arrival) ("priority"), the latest admitted last."""
+        candidates = [(i, r) for i, r in enumerate(self.running) if id(r) not in scheduled]
+        if self._by_priority:
+            return max(candidates, key=lambda c: (c[1].background, _rank(c[1]), c[0]))[1]
+        return max(candidates, key=lambda c: (c[1].background, c[0]))[1]
+
+    def _admit(self, queue: deque[Request], budget: _Budget, now: float, out: SchedulerOutput) -> None:
+        """Admit from the head of ``queue`` (one kind of request) while budget, seats and blocks last."""
+        skipped: list[Request] = []
+        while queue and budget.left(queue[0]) > 0 and self._has_seat(queue[0]):
+            request = queue.popleft()
+            if not request.ready_to_share():
+                skipped.append(request)  # an n>1 sibling still computing the shared prompt
+                continue
+            n = self.kv.admit(request, budget.left(request), now)
+            if n == 0:
+                queue.appendleft(request)
+                break
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = request.num_computed_tokens
+                request.metrics.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, n))
+            budget.spend(request, n)
+        queue.extendleft(reversed(skipped))
+
+    def _has_seat(self, request: Request) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        return not request.background or self.num_background_running < self.config.max_background_seqs
+
+    def _enqueue(self, request: Request, *, preempted: bool) -> None:
+        """Put a waiting request in its queue. "fcfs": at the back, a preempted one at the head.
+        "priority": by (priority, arrival), after its equals, a preempted one before them."""
+        queue = self.background_waiting if request.background else self.waiting
+        if not self._by_priority:
+            if preempted:
+                queue.appendleft(request)
+            else:
+                queue.append(request)
+            return
+        search = bisect.bisect_left if preempted else bisect.bisect_right
+        queue.insert(search(queue, _rank(request), key=_rank), request)
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
@@ -100,10 +212,11 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._enqueue(request, preempted=True)
         out.preempted.append(request)
 
     def _expire_waiting(self, now: float, out: SchedulerOutput) -> None:
+        """Refuse interactive requests never scheduled within ``max_queue_wait`` (background ones wait)."""
         limit = self.config.max_queue_wait
         if limit is None:
             return
@@ -123,6 +236,8 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        elif request in self.background_waiting:
+            self.background_waiting.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.metrics.finished_time = now

@@ -8,8 +8,10 @@ from fastapi.responses import Response
 from swiftlm.config import ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.server.auth import check_api_key
+from swiftlm.server.batch_api import BatchApi
+from swiftlm.server.batch_calls import InProcessCall
 from swiftlm.server.errors import OpenAIError, install_error_handlers
-from swiftlm.server.routes import chat, completions, misc
+from swiftlm.server.routes import batches, chat, completions, files, misc
 from swiftlm.server.state import ServerState
 
 
@@ -34,4 +36,14 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
     app.include_router(misc.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    if config.enable_batch_api:
+        state.batch_api = BatchApi.open(
+            config.batch_storage_dir, InProcessCall(app, config.api_key), config.max_batch_file_bytes,
+            config.batch_retention_hours, config.batch_max_concurrent_lines,
+        )
+        state.metrics.watch_batches(lambda: state.batch_api.runner.counts)
+        app.include_router(files.router)
+        app.include_router(batches.router)
+        app.router.on_startup.append(state.batch_api.start)  # resumes the jobs a crash left unfinished
+        app.router.on_shutdown.append(state.batch_api.close)
     return app

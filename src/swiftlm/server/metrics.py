@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from swiftlm.batch.runner import BatchCounts
 from swiftlm.core.outputs import RequestMetrics
 from swiftlm.engine.engine import EngineStats
 
@@ -50,6 +51,27 @@ class _EngineCollector(Collector):
             yield counter
 
 
+class _BatchCollector(Collector):
+    """Batch API lines over all jobs: queued for a seat, running, finished by this process."""
+
+    def __init__(self, counts: Callable[[], BatchCounts], model: str) -> None:
+        self._counts = counts
+        self._model = model
+
+    def collect(self) -> Iterator:
+        counts = self._counts()
+        for name, doc, value in (
+            ("swiftlm:batch_lines_queued", "Batch API lines waiting for a seat.", counts.queued),
+            ("swiftlm:batch_lines_running", "Batch API lines handed to the engine.", counts.running),
+        ):
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge.add_metric([self._model], value)
+            yield gauge
+        done = CounterMetricFamily("swiftlm:batch_lines_done", "Batch API lines answered.", labels=["model_name"])
+        done.add_metric([self._model], counts.done)
+        yield done
+
+
 class ServerMetrics:
     def __init__(self, model: str, stats: Callable[[], EngineStats | None]) -> None:
         self.model = model
@@ -85,6 +107,10 @@ class ServerMetrics:
                 self.e2e.labels(m).observe(metrics.finished_time - metrics.arrival_time)
                 if output_tokens > 1:
                     self.tpot.labels(m).observe((metrics.finished_time - metrics.first_token_time) / (output_tokens - 1))
+
+    def watch_batches(self, counts: Callable[[], BatchCounts]) -> None:
+        """Report the Batch API's line counts (when it is on)."""
+        self.registry.register(_BatchCollector(counts, self.model))
 
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()

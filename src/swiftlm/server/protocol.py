@@ -273,6 +273,7 @@ class BaseSamplingRequest(_Request):
     user: StrictStr | None = None
     session_id: Id | None = None
     request_id: Id | None = None
+    priority: _int(ge=-(2**31), le=2**31 - 1) = 0  # vLLM's: lower is served earlier (--scheduling-policy priority)
     use_cache: StrictBool | None = None
     clean_up_tokenization_spaces: StrictBool | None = None
     best_of: _int(ge=1) | None = None

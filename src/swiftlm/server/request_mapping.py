@@ -282,3 +282,14 @@ def completion_prompts(req: CompletionRequest, vocab_size: int | None = None) ->
         if not isinstance(p, str):
             check_token_ids(p, vocab_size, "prompt")
     return prompts
+
+
+def request_priority(priority: int, policy: str) -> int:
+    """A request's ``priority`` (vLLM's: lower is served earlier), which only the "priority"
+    scheduling policy honours; elsewhere a non-zero one is a 400, as in vLLM."""
+    if priority and policy != "priority":
+        raise bad_request(
+            f"priority {priority} needs the priority scheduling policy; this server schedules first come, first "
+            "served (start it with --scheduling-policy priority)", param="priority",
+        )
+    return priority

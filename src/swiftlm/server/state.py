@@ -11,6 +11,7 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
 from swiftlm.text.session_prompt import SessionPrompts
@@ -28,6 +29,7 @@ class ServerState:
     session_prompts: SessionPrompts | None = None
     metrics: ServerMetrics = field(init=False)
     shutting_down: bool = False
+    batch_api: BatchApi | None = None  # None: the Batch API is off (--disable-batch-api)
 
     def __post_init__(self) -> None:
         self.model_names = self.config.served_model_names or (self.model_name,)
@@ -37,6 +39,10 @@ class ServerState:
     def attach(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens)
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self.engine.engine.config.scheduler.scheduling_policy if self.engine is not None else "fcfs"
 
     def engine_stats(self) -> EngineStats | None:
         return self.engine.engine.stats() if self.engine is not None else None

@@ -5,7 +5,7 @@ nothing (its help says which). ``no_effect`` names the flags given whose asked-f
 happen on this device; ``swiftlm serve`` logs them in one line at start. A flag whose request is
 what swiftlm does anyway (``--enforce-eager``: no CUDA graphs are captured; ``--tensor-parallel-size
 1``; ``--enable-reasoning``: reasoning is separated by default; ``--enable-auto-tool-choice``: tool
-calls are parsed by default) is not listed.
+calls are parsed by default; ``--enable-batch-api``: the Batch API is on by default) is not listed.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true",
                    help="accepted: swiftlm captures no CUDA graphs yet, so it always runs eagerly")
     g.add_argument("--enable-batch-api", action="store_true",
-                   help="accepted, no effect yet: the Batch API is not served in this version")
+                   help="accepted: the Batch API (/v1/files, /v1/batches) is on unless --disable-batch-api")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs serves requests in arrival order; priority by the request's priority field "
+                        "(lower first), then arrival (default: fcfs). Batch API lines always wait for "
+                        "interactive requests")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted: tool_choice auto is always served; tool calls are parsed into message.tool_calls "
                         "unless --tool-call-parser none")
@@ -82,6 +86,8 @@ def check_vllm_flags(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and args.tool_call_parser == "none":
         raise ConfigError("--enable-auto-tool-choice parses tool calls and --tool-call-parser none turns parsing off; "
                           "give one of them")
+    if args.enable_batch_api and args.disable_batch_api:
+        raise ConfigError("--enable-batch-api and --disable-batch-api contradict each other; give one of them")
     if args.enable_reasoning and args.reasoning_parser == "none":
         raise ConfigError("--enable-reasoning separates the reasoning and --reasoning-parser none keeps it inline; "
                           "give one of them")
@@ -139,6 +145,4 @@ def no_effect(args: argparse.Namespace) -> list[str]:
         notes.append("--disable-log-stats false (no periodic stats line is logged; read /metrics)")
     if args.swap_space:
         notes.append("--swap-space (preempted requests are recomputed, not swapped)")
-    if args.enable_batch_api:
-        notes.append("--enable-batch-api (not implemented yet)")
     return notes

@@ -28,6 +28,7 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import session_scope
+from swiftlm.server.batch_calls import is_background
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
@@ -48,6 +49,7 @@ from swiftlm.server.protocol import (
 from swiftlm.server.request_mapping import (
     chat_messages,
     check_max_tokens,
+    request_priority,
     sampling_params_from_chat,
     template_kwargs,
     template_tools,
@@ -106,6 +108,7 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
     request = GenerationRequest(
         request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
+        priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
     )
     return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
 

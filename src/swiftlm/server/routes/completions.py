@@ -19,6 +19,7 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import session_scope
+from swiftlm.server.batch_calls import is_background
 from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
     CompletionChoice,
@@ -33,6 +34,7 @@ from swiftlm.server.protocol import (
 from swiftlm.server.request_mapping import (
     check_max_tokens,
     completion_prompts,
+    request_priority,
     sampling_params_from_completion,
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
@@ -67,6 +69,7 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
             request = GenerationRequest(
                 request_id=rid, prompt_token_ids=ids, sampling_params=params, prompt=text,
                 session_id=session_key, stream=req.stream, final_only=not req.stream,
+                priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
             )
             streams.append(state.submit(request))
     except Exception:

@@ -1,0 +1,71 @@
+"""Batch API lines run through the server's own endpoints, in process: a line's result is exactly
+what the same body sent to ``/v1/chat/completions`` (or ``/v1/completions``) returns, with the
+same validation, errors and response objects.
+
+The call goes through the ASGI app with a scope key (``BACKGROUND``) that no HTTP client can
+set: the endpoints submit such a request to the engine at background priority (batch lines wait
+for interactive traffic). Lines never stream: ``stream`` is dropped from the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from fastapi import Request
+
+BACKGROUND = "swiftlm.background"  # ASGI scope key: the request is a Batch API line
+
+
+def is_background(request: Request) -> bool:
+    """Whether ``request`` is a Batch API line run in process (never true for HTTP clients)."""
+    return bool(request.scope.get(BACKGROUND))
+
+
+class InProcessCall:
+    """``await call(url, body, owner)`` -> (status, response body) through ``app``. ``api_key``:
+    the server's key, sent so the line passes authentication like its submitter did."""
+
+    def __init__(self, app: Any, api_key: str | None) -> None:
+        self._app = app
+        self._api_key = api_key
+
+    async def __call__(self, url: str, body: dict, owner: str) -> tuple[int, dict]:
+        body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        payload = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if self._api_key is not None:
+            headers.append((b"authorization", b"Bearer " + self._api_key.encode()))
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
+            "headers": headers, "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), BACKGROUND: True,
+        }
+        sent = False
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await asyncio.Event().wait()  # the caller never disconnects: wait until cancelled
+            return {"type": "http.disconnect"}
+
+        status = 500
+        chunks: list[bytes] = []
+
+        async def send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self._app(scope, receive, send)
+        raw = b"".join(chunks)
+        try:
+            response = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            response = {"error": {"message": raw.decode(errors="replace"), "type": "internal_error"}}
+        return status, response
