@@ -191,3 +191,20 @@ def test_disabled_batch_api_is_a_404(start_server, tiny_tied_dir) -> None:
     r = httpx.post(off.v1 + "/batches", json={"input": [{"custom_id": "a"}]}, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(off.v1 + "/files", timeout=30).status_code == 404
+
+
+def test_without_a_server_key_each_bearer_token_is_its_own_owner(start_server, tiny_tied_dir) -> None:
+    open_server = start_server(tiny_tied_dir)
+    alice = openai.OpenAI(base_url=open_server.v1, api_key="alice", max_retries=0)
+    bob = openai.OpenAI(base_url=open_server.v1, api_key="bob", max_retries=0)
+    line = {"custom_id": "a", "url": "/v1/chat/completions", "method": "POST", "body": chat_body(open_server, 0)}
+    upload = alice.files.create(file=("in.jsonl", jsonl([line])), purpose="batch")
+    batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for call in (lambda: bob.files.retrieve(upload.id), lambda: bob.batches.retrieve(batch.id),
+                 lambda: bob.files.content(upload.id), lambda: bob.batches.cancel(batch.id),
+                 lambda: bob.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert upload.id not in [f.id for f in bob.files.list()] and not bob.batches.list().data
+    assert wait_done(alice, batch.id).status == "completed"

@@ -48,14 +48,18 @@ class Harness:
         max_tokens: int = 4,
         session_id: str | None = None,
         wait_for: Request | None = None,
+        arrival: float | None = None,
+        **fields: object,
     ) -> Request:
+        """Add a request arriving now (or at ``arrival``); ``fields``: more of Request's fields."""
         r = Request(
             request_id=rid,
             prompt_token_ids=list(prompt),
             sampling_params=SamplingParams(max_tokens=max_tokens),
-            arrival_time=self.clock.now,
+            arrival_time=self.clock.now if arrival is None else arrival,
             session_id=session_id,
             wait_for=wait_for,
+            **fields,
         )
         self.sched.add_request(r)
         return r

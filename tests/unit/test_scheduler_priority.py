@@ -9,7 +9,7 @@ import pytest
 
 from swiftlm.config import ConfigError, SchedulerConfig
 from swiftlm.core.generation import GenerationRequest
-from swiftlm.core.request import FinishReason, Request, RequestStatus
+from swiftlm.core.request import FinishReason, RequestStatus
 from swiftlm.engine.scheduler import QueueFullError
 from swiftlm.sampling import SamplingParams
 from tests.unit.test_scheduler import Harness, prompt
@@ -25,29 +25,6 @@ class PHarness(Harness):
 
     def __init__(self, num_blocks: int = 64, **sched: object) -> None:
         super().__init__(num_blocks, **{**_PLAIN, **sched})
-
-    def add(  # type: ignore[override]
-        self,
-        rid: str,
-        prompt: list[int],
-        max_tokens: int = 4,
-        *,
-        priority: int = 0,
-        background: bool = False,
-        arrival: float | None = None,
-        wait_for: Request | None = None,
-    ) -> Request:
-        r = Request(
-            request_id=rid,
-            prompt_token_ids=list(prompt),
-            sampling_params=SamplingParams(max_tokens=max_tokens),
-            arrival_time=self.clock.now if arrival is None else arrival,
-            wait_for=wait_for,
-            priority=priority,
-            background=background,
-        )
-        self.sched.add_request(r)
-        return r
 
     def check(self) -> None:
         super().check()

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from swiftlm.batch.objects import BatchRecord
 from swiftlm.server.auth import session_scope
 from swiftlm.server.batch_api import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchApi
 from swiftlm.server.errors import bad_request, not_found
@@ -92,19 +93,17 @@ async def list_batches(raw: Request, after: str | None = None, limit: int = 20) 
     })
 
 
-@router.get("/v1/batches/{batch_id}")
-async def retrieve_batch(raw: Request, batch_id: str) -> JSONResponse:
-    api = batch_api(raw)
-    batch = api.store.get_batch(session_scope(raw), batch_id)
-    if batch is None:
+def _found(batch: BatchRecord | None, batch_id: str) -> JSONResponse:
+    if batch is None:  # no such batch, or another key's
         raise not_found(f"No such batch: {batch_id!r}.", param="batch_id", code="batch_not_found")
     return JSONResponse(batch.to_openai())
+
+
+@router.get("/v1/batches/{batch_id}")
+async def retrieve_batch(raw: Request, batch_id: str) -> JSONResponse:
+    return _found(batch_api(raw).store.get_batch(session_scope(raw), batch_id), batch_id)
 
 
 @router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(raw: Request, batch_id: str) -> JSONResponse:
-    api = batch_api(raw)
-    batch = api.runner.cancel(session_scope(raw), batch_id)
-    if batch is None:
-        raise not_found(f"No such batch: {batch_id!r}.", param="batch_id", code="batch_not_found")
-    return JSONResponse(batch.to_openai())
+    return _found(batch_api(raw).runner.cancel(session_scope(raw), batch_id), batch_id)
