@@ -2,7 +2,9 @@
 and the token bitmask the sampler applies.
 
 llguidance (a Rust grammar engine with one dependency-free wheel) was chosen over xgrammar, whose
-Linux wheel pulls in ``triton``, a large GPU-oriented package. Grammar text is built once per
+Linux wheel pulls in ``triton``, a large GPU-oriented package. Measured here (BENCHMARKS.md),
+xgrammar fills a mask 7-13x faster but compiles a schema ~17x slower (30-50 ms); the sampler
+avoids most masks (``runner.grammar_rows``), so llguidance's cost stays small. Grammar text is built once per
 ``StructuredOutput.key`` (a bounded LRU); building the llguidance tokenizer (~1.5 s for Qwen3's
 vocabulary) happens once per engine, on the first constrained request.
 
