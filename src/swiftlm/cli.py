@@ -120,6 +120,8 @@ def _add_serve(sub: Any) -> None:
     h.add_argument("--default-chat-template-kwargs", metavar="JSON",
                    help='chat template kwargs for every request, e.g. \'{"enable_thinking": false}\'')
     h.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for (default: 16)")
+    h.add_argument("--max-request-bytes", type=parse_bytes, default=16 * 1024 * 1024, metavar="BYTES",
+                   help="larger request bodies are refused with 413 (default: 16MiB; uploads: --max-batch-file-bytes)")
     h.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"), default="info")
     b = p.add_argument_group("Batch API")
     b.add_argument("--disable-batch-api", action="store_true", help="do not serve /v1/files and /v1/batches (404)")
@@ -175,6 +177,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         log_level=args.log_level,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser or "hermes",
+        max_request_bytes=args.max_request_bytes,
         enable_batch_api=not args.disable_batch_api,
         batch_storage_dir=args.batch_storage_dir,
         batch_retention_hours=args.batch_retention_hours,

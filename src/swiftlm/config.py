@@ -226,6 +226,7 @@ class ServerConfig:
     # batch_storage_dir (None: ~/.cache/swiftlm/batches); finished jobs are deleted after
     # batch_retention_hours (None: kept)
     enable_batch_api: bool = True
+    max_request_bytes: int = 16 * 1024 * 1024  # larger request bodies are a 413 (uploads: max_batch_file_bytes)
     batch_storage_dir: str | None = None
     batch_retention_hours: float | None = 168.0
     max_batch_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit
@@ -233,6 +234,8 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
+        if self.max_request_bytes < 1:
+            raise ConfigError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if self.max_batch_file_bytes < 1:
             raise ConfigError(f"max_batch_file_bytes must be >= 1, got {self.max_batch_file_bytes}")
         if self.batch_max_concurrent_lines < 1:

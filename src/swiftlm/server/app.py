@@ -10,6 +10,7 @@ from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.server.auth import check_api_key
 from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.batch_calls import InProcessCall
+from swiftlm.server.body_limit import BodyLimit
 from swiftlm.server.errors import OpenAIError, install_error_handlers
 from swiftlm.server.routes import batches, chat, completions, files, misc
 from swiftlm.server.state import ServerState
@@ -33,6 +34,7 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
             return exc.response()
         return await call_next(request)
 
+    app.add_middleware(BodyLimit, limit=config.max_request_bytes)
     app.include_router(misc.router)
     app.include_router(chat.router)
     app.include_router(completions.router)

@@ -105,10 +105,33 @@ class _Request(BaseModel):
     def _null_means_default(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        where = _lone_surrogate(data, "")
+        if where is not None:
+            raise ValueError(f"{where or 'the body'} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                             "escape), which is not text; send valid Unicode")
         keep = cls.null_fields
         if cls.reads_extra_body and "extra_body" in data:
             data = _merge_extra_body(data, keep)
         return {k: v for k, v in data.items() if v is not None or k in keep}
+
+
+def _lone_surrogate(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) in ``value`` holding a lone surrogate, else
+    None. JSON may escape one (``"\\ud800"``); no tokenizer can encode it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
+        found = _lone_surrogate(key, here) if isinstance(key, str) else None
+        found = found if found is not None else _lone_surrogate(item, here)
+        if found is not None:
+            return found.lstrip(".")
+    return None
 
 
 def _merge_extra_body(data: dict[str, Any], null_fields: frozenset[str]) -> dict[str, Any]:

@@ -179,6 +179,20 @@ def check_token_ids(token_ids: Sequence[int], vocab_size: int | None, param: str
     return token_ids
 
 
+MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters a context token cannot fit
+
+
+def check_prompt_chars(texts: Sequence[str], max_model_len: int, param: str) -> None:
+    """A 400 before tokenising a prompt whose text could not fit the context window (tokenising
+    megabytes takes seconds): more than ``MAX_CHARS_PER_TOKEN`` characters per token of room."""
+    chars = sum(len(t) for t in texts)
+    if chars > max_model_len * MAX_CHARS_PER_TOKEN:
+        raise OpenAIError(
+            400, f"the prompt has {chars} characters, more than the context window of {max_model_len} tokens can "
+                 "hold; shorten it", param=param, code="context_length_exceeded",
+        )
+
+
 def check_max_tokens(max_tokens: int | None, prompt_tokens: int, max_model_len: int) -> int:
     """The number of tokens the request may generate: ``max_tokens`` if it fits in the context
     window after the prompt, the remaining room if ``max_tokens`` is None; else a 400."""

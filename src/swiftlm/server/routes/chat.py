@@ -49,6 +49,7 @@ from swiftlm.server.protocol import (
 from swiftlm.server.request_mapping import (
     chat_messages,
     check_max_tokens,
+    check_prompt_chars,
     request_priority,
     sampling_params_from_chat,
     template_kwargs,
@@ -82,7 +83,9 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
     state.check_model(req.model)
     tokenizer = engine.tokenizer
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
-    messages = state.session_prompts.conversation(session_key, chat_messages(req.messages), reset=req.session_reset)
+    new_messages = chat_messages(req.messages)
+    check_prompt_chars([str(m.get("content") or "") for m in new_messages], engine.max_model_len, "messages")
+    messages = state.session_prompts.conversation(session_key, new_messages, reset=req.session_reset)
     defaults = state.config.default_chat_template_kwargs
     thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
     policy = tool_policy(req, state.config.tool_call_parser)

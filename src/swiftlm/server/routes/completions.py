@@ -33,6 +33,7 @@ from swiftlm.server.protocol import (
 )
 from swiftlm.server.request_mapping import (
     check_max_tokens,
+    check_prompt_chars,
     completion_prompts,
     request_priority,
     sampling_params_from_completion,
@@ -54,7 +55,11 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     # scoped by the caller's key, as chat's and DELETE /v1/sessions/{id}'s
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
     prepared = []
-    for prompt in completion_prompts(req, vocab):
+    prompts = completion_prompts(req, vocab)
+    for prompt in prompts:  # each prompt has a context window of its own
+        if isinstance(prompt, str):
+            check_prompt_chars([prompt], engine.max_model_len, "prompt")
+    for prompt in prompts:
         text, ids = (prompt, tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, list(prompt))
         room = engine.max_model_len - len(ids)
         params = sampling_params_from_completion(
