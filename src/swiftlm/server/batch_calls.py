@@ -15,6 +15,8 @@ from typing import Any
 
 from fastapi import Request
 
+from swiftlm.server.body_limit import replay_body
+
 BACKGROUND = "swiftlm.background"  # ASGI scope key: the request is a Batch API line
 
 
@@ -42,13 +44,8 @@ class InProcessCall:
             "scheme": "http", "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
             "headers": headers, "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), BACKGROUND: True,
         }
-        sent = False
 
-        async def receive() -> dict:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": payload, "more_body": False}
+        async def never_disconnect() -> dict:
             await asyncio.Event().wait()  # the caller never disconnects: wait until cancelled
             return {"type": "http.disconnect"}
 
@@ -62,7 +59,7 @@ class InProcessCall:
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
-        await self._app(scope, receive, send)
+        await self._app(scope, replay_body(payload, never_disconnect), send)
         raw = b"".join(chunks)
         try:
             response = json.loads(raw) if raw else {}

@@ -27,6 +27,20 @@ def _too_large(limit: int) -> OpenAIError:
                             "--max-request-bytes).", code="request_too_large")
 
 
+def replay_body(body: bytes, then: Receive) -> Receive:
+    """An ASGI ``receive`` that gives ``body`` whole as the first message, then defers to ``then``."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await then()
+
+    return receive
+
+
 class BodyLimit:
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -53,17 +67,7 @@ class BodyLimit:
                 return
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _too_large(self.limit).response()(scope, receive, send)
