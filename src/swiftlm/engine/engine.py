@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch
+
 from swiftlm.backends import Backend, build_backend
 from swiftlm.backends.kv_cache import num_blocks_for
 from swiftlm.cache.kv_manager import KVCacheManager
@@ -68,6 +70,9 @@ class EngineStats:
     num_sessions: int
     num_preemptions: int
     num_aborted: int
+    num_failed_steps: int = 0
+    num_failed_rows: int = 0
+    healthy: bool = True
 
 
 class Engine:
@@ -107,6 +112,9 @@ class Engine:
         self._parents: dict[str, _Parent] = {}
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
         self.num_aborted = 0
+        self.num_failed_steps = 0  # model steps that raised (their requests failed)
+        self.num_failed_rows = 0  # requests failed alone for non-finite logits
+        self.fatal_error: str | None = None  # set when a step failed in a way the process cannot recover from
         self._streams: dict[int, _Stream] = {}  # id(request) -> stream
         ids = [i for i in (self.tokenizer.think_end_id,) if i is not None]
         self._think_end_ids = tuple(ids + self.tokenizer.encode("\n\n")) if ids else ()
@@ -247,6 +255,9 @@ class Engine:
             num_sessions=len(self.kv.sessions),
             num_preemptions=self.scheduler.num_preemptions,
             num_aborted=self.num_aborted,
+            num_failed_steps=self.num_failed_steps,
+            num_failed_rows=self.num_failed_rows,
+            healthy=self.fatal_error is None,
         )
 
     # -- the step ------------------------------------------------------------------------------
@@ -269,14 +280,23 @@ class Engine:
             results = self.runner.execute(plan, rows)
         except Exception as exc:  # a failed step fails its requests, not the engine
             logger.exception("model step failed")
+            self.num_failed_steps += 1
+            if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+                self.fatal_error = f"out of memory in a model step: {exc}"  # /health: 503, restart the process
             for s in plan.scheduled:
-                s.request.error = f"internal error: {exc}"
+                s.request.error = f"internal error: the engine failed in a model step: {exc}"
                 self.scheduler.finish(s.request, FinishReason.ERROR)
             return [s.request for s in plan.scheduled]
         now = time.monotonic()
         touched = []
         for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
             request = s.request
+            if i in results.failed:  # its logits were not finite: it fails alone
+                self.num_failed_rows += 1
+                request.error = f"internal error: {results.failed[i]}"
+                self.scheduler.finish(request, FinishReason.ERROR, now)
+                touched.append(request)
+                continue
             request.num_computed_tokens += s.num_new_tokens
             request.metrics.num_computed_prompt_tokens += min(
                 s.num_new_tokens, max(0, request.num_prompt_tokens - (request.num_computed_tokens - s.num_new_tokens))

@@ -45,6 +45,8 @@ class _EngineCollector(Collector):
             ("swiftlm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits),
             ("swiftlm:num_preemptions", "Requests preempted for lack of KV blocks.", stats.num_preemptions),
             ("swiftlm:num_aborted_requests", "Requests aborted (client gone or cancelled).", stats.num_aborted),
+            ("swiftlm:engine_failed_steps", "Model steps that raised (their requests failed).", stats.num_failed_steps),
+            ("swiftlm:engine_failed_rows", "Requests failed alone for non-finite logits.", stats.num_failed_rows),
         ):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self._model], value)

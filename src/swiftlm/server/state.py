@@ -52,6 +52,8 @@ class ServerState:
             raise service_unavailable("The server is shutting down.")
         if self.engine is None:
             raise service_unavailable("The model is still loading; retry shortly.", retry_after_s=2)
+        if self.engine.engine.fatal_error is not None:
+            raise service_unavailable(f"The engine failed and needs a restart: {self.engine.engine.fatal_error}")
         return self.engine
 
     def check_model(self, model: str | None) -> str:

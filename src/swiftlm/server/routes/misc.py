@@ -34,6 +34,8 @@ async def health(raw: Request) -> Response:
     if state.engine is None or state.shutting_down or not state.engine.is_running:
         status = "loading" if state.engine is None else "unavailable"
         return JSONResponse({"status": status}, status_code=503)
+    if state.engine.engine.fatal_error is not None:  # an orchestrator should restart the process
+        return JSONResponse({"status": "failed", "error": state.engine.engine.fatal_error}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
