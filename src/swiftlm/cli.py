@@ -126,7 +126,7 @@ def _add_serve(sub: Any) -> None:
     b = p.add_argument_group("Batch API")
     b.add_argument("--disable-batch-api", action="store_true", help="do not serve /v1/files and /v1/batches (404)")
     b.add_argument("--batch-storage-dir", metavar="DIR",
-                   help="where jobs, their lines and files are kept (default: ~/.cache/swiftlm/batches)")
+                   help="where jobs, their lines and files are kept (default: ~/.cache/swiftlm/batches/port-PORT)")
     b.add_argument("--batch-retention-hours", type=float, default=168.0, metavar="HOURS",
                    help="delete finished jobs and their files after this long (default: 168)")
     b.add_argument("--max-batch-file-bytes", type=parse_bytes, default=200 * 1024 * 1024, metavar="BYTES",

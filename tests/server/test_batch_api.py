@@ -208,3 +208,19 @@ def test_without_a_server_key_each_bearer_token_is_its_own_owner(start_server, t
             call()
     assert upload.id not in [f.id for f in bob.files.list()] and not bob.batches.list().data
     assert wait_done(alice, batch.id).status == "completed"
+
+
+def test_a_storage_dir_serves_one_process_at_a_time(tmp_path) -> None:
+    from swiftlm.server.batch_api import BatchApi, StorageInUseError, default_storage_dir
+
+    async def call(url, body, owner):
+        return 200, {}
+
+    first = BatchApi.open(str(tmp_path), 8000, call, 1000, None, 4)
+    with pytest.raises(StorageInUseError, match="--batch-storage-dir"):
+        BatchApi.open(str(tmp_path), 8000, call, 1000, None, 4)
+    import asyncio
+
+    asyncio.run(first.close())
+    asyncio.run(BatchApi.open(str(tmp_path), 8000, call, 1000, None, 4).close())  # released on close
+    assert default_storage_dir(8001) != default_storage_dir(8000)

@@ -40,7 +40,7 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
     app.include_router(completions.router)
     if config.enable_batch_api:
         state.batch_api = BatchApi.open(
-            config.batch_storage_dir, InProcessCall(app, config.api_key), config.max_batch_file_bytes,
+            config.batch_storage_dir, config.port, InProcessCall(app, config.api_key), config.max_batch_file_bytes,
             config.batch_retention_hours, config.batch_max_concurrent_lines,
         )
         state.metrics.watch_batches(lambda: state.batch_api.runner.counts)

@@ -6,6 +6,8 @@ left unfinished) and closed with it (running lines stop and resume on the next s
 
 from __future__ import annotations
 
+import fcntl
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +18,30 @@ BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 
 
-def default_storage_dir() -> Path:
-    """Under the user's cache dir, next to the kernels' cache."""
-    return Path.home() / ".cache" / "swiftlm" / "batches"
+def default_storage_dir(port: int) -> Path:
+    """Under the user's cache dir, next to the kernels' cache, one per port: servers on other
+    ports keep their own jobs, and a restart on the same port resumes them."""
+    return Path.home() / ".cache" / "swiftlm" / "batches" / f"port-{port}"
+
+
+class StorageInUseError(RuntimeError):
+    """Another live process keeps its Batch API jobs in the same directory."""
+
+
+def lock_storage(root: Path) -> int:
+    """Hold an exclusive lock on ``root`` for this process's life (the OS drops it when the process
+    dies, even by SIGKILL); returns the lock's file descriptor."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise StorageInUseError(
+            f"the Batch API storage {root} is in use by another swiftlm process; give this one its own "
+            "--batch-storage-dir (or --disable-batch-api)"
+        ) from exc
+    return fd
 
 
 @dataclass
@@ -26,18 +49,22 @@ class BatchApi:
     store: BatchStore
     runner: BatchRunner
     max_file_bytes: int
+    lock_fd: int
 
     @classmethod
-    def open(cls, storage_dir: str | None, call: LineCall, max_file_bytes: int, retention_hours: float | None,
-             max_concurrent_lines: int) -> BatchApi:
-        root = Path(storage_dir).expanduser() if storage_dir else default_storage_dir()
+    def open(cls, storage_dir: str | None, port: int, call: LineCall, max_file_bytes: int,
+             retention_hours: float | None, max_concurrent_lines: int) -> BatchApi:
+        root = Path(storage_dir).expanduser() if storage_dir else default_storage_dir(port)
+        lock = lock_storage(root)
         store = BatchStore(root)
         limits = BatchLimits(max_concurrent_lines=max_concurrent_lines,
                              retention_s=None if retention_hours is None else retention_hours * 3600.0)
-        return cls(store, BatchRunner(store, call, limits), max_file_bytes)
+        return cls(store, BatchRunner(store, call, limits), max_file_bytes, lock)
 
     async def start(self) -> None:
         await self.runner.start()
 
     async def close(self) -> None:
         await self.runner.close()
+        self.store.close()
+        os.close(self.lock_fd)  # releases the lock
