@@ -225,6 +225,11 @@ class ServerConfig:
     # the Batch API (/v1/files, /v1/batches): on unless turned off; jobs and files live in
     # batch_storage_dir (None: ~/.cache/swiftlm/batches); finished jobs are deleted after
     # batch_retention_hours (None: kept)
+    # CORS as vLLM sets it up: the origins, methods and headers browsers may use ("*": any)
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     enable_batch_api: bool = True
     max_request_bytes: int = 16 * 1024 * 1024  # larger request bodies are a 413 (uploads: max_batch_file_bytes)
     batch_storage_dir: str | None = None
@@ -234,6 +239,10 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if not all(isinstance(v, str) for v in getattr(self, name)):
+                raise ConfigError(f"{name} must be a list of strings, got {getattr(self, name)!r}")
         if self.max_request_bytes < 1:
             raise ConfigError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if self.max_batch_file_bytes < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 from swiftlm.config import ServerConfig
@@ -35,6 +36,10 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
         return await call_next(request)
 
     app.add_middleware(BodyLimit, limit=config.max_request_bytes)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=list(config.allowed_methods),
+        allow_headers=list(config.allowed_headers), allow_credentials=config.allow_credentials,
+    )
     app.include_router(misc.router)
     app.include_router(chat.router)
     app.include_router(completions.router)

@@ -11,6 +11,7 @@ calls are parsed by default; ``--enable-batch-api``: the Batch API is on by defa
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from swiftlm.config import REASONING_PARSERS, TOOL_CALL_PARSERS, ConfigError
@@ -24,6 +25,17 @@ def parse_bool(text: str) -> bool:
     if value in ("false", "0", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")
+
+
+def json_string_list(text: str) -> list[str]:
+    """vLLM's CORS flags take a JSON list of strings, e.g. '["https://example.com"]'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: give a list such as '[\"*\"]'") from exc
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON list of strings")
+    return value
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +80,11 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
                         "request offers tools; none leaves them as text in content (default: hermes)")
     g.add_argument("--chat-template", metavar="FILE",
                    help="a Jinja chat template (a file, or the template itself) replacing the model's own")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "headers")):
+        g.add_argument(flag, type=json_string_list, default=["*"], metavar="JSON",
+                       help=f'CORS: the {what} browsers may use, a JSON list (default: ["*"], any)')
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (default: off)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted: swiftlm runs no code from a checkpoint, so there is nothing to trust")
 
