@@ -16,12 +16,18 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from swiftlm.config import CacheConfig, EngineConfig, SchedulerConfig, ServerConfig, parse_json_object
+from swiftlm.config import (
+    DTYPE_CHOICES,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    ServerConfig,
+    parse_json_object,
+)
 
 if TYPE_CHECKING:
     from swiftlm.sampling import SamplingParams
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 CHAT_SESSION_ID = "cli-chat"
 _BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -57,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--model", required=True, help="local model directory or Hugging Face hub id")
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help="weight dtype (default: auto)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--max-model-len", type=int, help="context window in tokens (default: 8192 or the model's)")
     s = p.add_argument_group("sampling (defaults: the checkpoint's generation_config.json)")
@@ -90,7 +96,7 @@ def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API")
     p.add_argument("model", help="local model directory or Hugging Face hub id")
     e = p.add_argument_group("engine")
-    e.add_argument("--dtype", choices=DTYPES, default="auto", help="weight dtype (default: auto)")
+    e.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     e.add_argument("--quantization", choices=("none", "int8", "int4"), default="none", help="weight quantization")
     e.add_argument("--cpu-kernels", action=argparse.BooleanOptionalAction, default=True,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+from swiftlm.config import DTYPE_CHOICES
 
 
 def add_batch_parser(sub: Any) -> None:
@@ -27,7 +27,7 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object per line")
     p.add_argument("-o", "--output-file", required=True, help="where the results go (JSONL)")
     p.add_argument("--model", required=True, help="local model directory or Hugging Face hub id")
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help="weight dtype (default: auto)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--quantization", choices=("none", "int8", "int4"), default="none")
     p.add_argument("--max-model-len", type=int, default=8192)
@@ -49,22 +49,20 @@ def run_batch_command(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
     )
     engine = AsyncEngine(Engine(config))
+    from swiftlm.batch.objects import error_line, output_line
+
     try:
         state_dir = Path(args.state_dir or args.output_file + ".state")
-        lines = asyncio.run(run_offline(engine, args.model, data, state_dir, progress=not args.no_progress))
+        batch_id, results = asyncio.run(run_offline(engine, args.model, data, state_dir, progress=not args.no_progress))
     finally:
         engine.shutdown(drain_timeout_s=1)
     out = Path(args.output_file)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.write_text("".join((output_line if r.succeeded else error_line)(batch_id, r) + "\n" for r in results))
     tmp.replace(out)
-    failed = sum(1 for line in lines if _failed(json.loads(line)))
-    print(f"{len(lines)} results in {out} ({failed} failed)", file=sys.stderr)
+    failed = sum(not r.succeeded for r in results)
+    print(f"{len(results)} results in {out} ({failed} failed)", file=sys.stderr)
     return 0
-
-
-def _failed(line: dict) -> bool:
-    return line.get("error") is not None or (line.get("response") or {}).get("status_code", 200) >= 400
 
 
 def endpoint_of(data: bytes) -> str:
@@ -81,12 +79,14 @@ def endpoint_of(data: bytes) -> str:
     return BATCH_ENDPOINTS[0]
 
 
-async def run_offline(engine: Any, model: str, data: bytes, state_dir: Path, progress: bool = True) -> list[str]:
+async def run_offline(
+    engine: Any, model: str, data: bytes, state_dir: Path, progress: bool = True
+) -> tuple[str, list[Any]]:
     """Run the input file ``data`` through ``engine``'s endpoints, resuming a job of the same file
-    in ``state_dir``; returns the output lines in input order."""
+    in ``state_dir``; returns the job's id and its ``LineResult``s in input order."""
     from tqdm import tqdm
 
-    from swiftlm.batch.objects import error_line, output_line
+    from swiftlm.batch.objects import TERMINAL
     from swiftlm.batch.runner import BatchLimits, BatchRunner
     from swiftlm.batch.store import BatchStore
     from swiftlm.config import ServerConfig
@@ -114,7 +114,7 @@ async def run_offline(engine: Any, model: str, data: bytes, state_dir: Path, pro
                 bar.total = current.total
             bar.n = current.completed + current.failed
             bar.refresh()
-            if current.status in ("completed", "failed", "cancelled", "expired"):
+            if current.status in TERMINAL:
                 break
             await asyncio.sleep(0.2)
     finally:
@@ -122,11 +122,4 @@ async def run_offline(engine: Any, model: str, data: bytes, state_dir: Path, pro
         await runner.close()
     if current.status == "failed":
         raise SystemExit(f"the batch failed: {current.errors}")
-    results = store.results(batch.id)
-    return [
-        output_line(batch.id, r) if not _failed_result(r) else error_line(batch.id, r) for r in results
-    ]
-
-
-def _failed_result(r: Any) -> bool:
-    return r.error is not None or (r.status_code is not None and r.status_code >= 400)
+    return batch.id, store.results(batch.id)

@@ -172,6 +172,7 @@ class SchedulerConfig:
 
 
 QUANTIZATIONS = ("int8", "int4")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # the command line's --dtype
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 from functools import cache
+from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+def user_cache_dir() -> Path:
+    """swiftlm's directory in the user's cache: ``$XDG_CACHE_HOME/swiftlm`` (``~/.cache`` by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swiftlm"
 
 
 @cache

@@ -229,9 +229,10 @@ class BatchRunner:
         now = int(self._clock())
         job = self._jobs.get(batch_id)
         cancelled = batch.status == "cancelling" or (job is not None and job.cancel.is_set())
-        expired = not cancelled and bool(self.store.pending_lines(batch_id))
+        left = [] if cancelled else self.store.pending_lines(batch_id)
+        expired = bool(left)
         if expired:  # lines left only because the completion window passed
-            for index, custom_id, _, _ in self.store.pending_lines(batch_id):
+            for index, custom_id, _, _ in left:
                 error = {"code": "batch_expired", "message": "This line was not executed because the batch expired."}
                 self.store.record_result(batch_id, LineResult(index, custom_id, None, None, error))
         if batch.status != "finalizing":

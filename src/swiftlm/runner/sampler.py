@@ -194,7 +194,8 @@ def _process_logits(
     bans = [(i, t) for i, r in enumerate(rows) for t in r.banned_token_ids]
     penalised = [i for i, r in enumerate(rows) if _has_penalty(r)]
     grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None and r.forced_token_id is None]
-    constrained = [i for i in grammar_rows if i not in set(deferred)]
+    skipped = set(deferred)
+    constrained = [i for i in grammar_rows if i not in skipped]
     if not (bias or bans or penalised or grammar_rows):
         return logits.float()
     x = logits.to(torch.float32, copy=True)
@@ -332,7 +333,8 @@ def _all_candidates(
     n, vocab, device = x.shape[0], x.shape[1], x.device
     by_k = [j for j, r in enumerate(rows) if 0 < r.params.top_k < vocab]
     fast, fast_values, fast_ids = _top_k_candidates(x, rows, by_k)
-    scanned = [j for j in range(n) if j not in set(fast)]  # tied top-k rows and top-p-only rows
+    settled = set(fast)
+    scanned = [j for j in range(n) if j not in settled]  # tied top-k rows and top-p-only rows
     log_total = torch.full((n, 1), math.nan, dtype=x.dtype, device=device)  # [R, 1]
     counts = [rows[j].params.top_k for j in range(n)]
     parts = [(fast, fast_values, fast_ids)]

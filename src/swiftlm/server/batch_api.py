@@ -13,6 +13,7 @@ from pathlib import Path
 
 from swiftlm.batch.runner import BatchLimits, BatchRunner, LineCall
 from swiftlm.batch.store import BatchStore
+from swiftlm.platform import user_cache_dir
 
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
@@ -21,7 +22,7 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 def default_storage_dir(port: int) -> Path:
     """Under the user's cache dir, next to the kernels' cache, one per port: servers on other
     ports keep their own jobs, and a restart on the same port resumes them."""
-    return Path.home() / ".cache" / "swiftlm" / "batches" / f"port-{port}"
+    return user_cache_dir() / "batches" / f"port-{port}"
 
 
 class StorageInUseError(RuntimeError):

@@ -18,7 +18,7 @@ from swiftlm.batch.objects import BatchRecord
 from swiftlm.server.auth import session_scope
 from swiftlm.server.batch_api import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchApi
 from swiftlm.server.errors import bad_request, not_found
-from swiftlm.server.routes.files import batch_api, owned_file, too_large
+from swiftlm.server.routes.files import batch_api, list_page, owned_file, too_large
 
 router = APIRouter()
 
@@ -86,11 +86,7 @@ async def list_batches(raw: Request, after: str | None = None, limit: int = 20) 
     api = batch_api(raw)
     if not 1 <= limit <= 100:
         raise bad_request("limit must be between 1 and 100", param="limit")
-    batches, has_more = api.store.list_batches(session_scope(raw), after, limit)
-    return JSONResponse({
-        "object": "list", "data": [b.to_openai() for b in batches], "has_more": has_more,
-        "first_id": batches[0].id if batches else None, "last_id": batches[-1].id if batches else None,
-    })
+    return list_page(*api.store.list_batches(session_scope(raw), after, limit))
 
 
 def _found(batch: BatchRecord | None, batch_id: str) -> JSONResponse:

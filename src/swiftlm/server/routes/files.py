@@ -33,6 +33,14 @@ def too_large(size: int, limit: int) -> OpenAIError:
                        param="file", code="file_too_large")
 
 
+def list_page(records: list, has_more: bool) -> JSONResponse:
+    """OpenAI's list object for a page of files or batches (each with ``id`` and ``to_openai``)."""
+    return JSONResponse({
+        "object": "list", "data": [r.to_openai() for r in records], "has_more": has_more,
+        "first_id": records[0].id if records else None, "last_id": records[-1].id if records else None,
+    })
+
+
 def owned_file(api: BatchApi, owner: str, file_id: str) -> FileRecord:
     record = api.store.get_file(owner, file_id)
     if record is None:
@@ -69,11 +77,7 @@ async def list_files(raw: Request, purpose: str | None = None, after: str | None
     if not 1 <= limit <= 10000:
         raise bad_request("limit must be between 1 and 10000", param="limit")
     records = api.store.list_files(session_scope(raw), purpose=purpose, after=after, limit=limit + 1, order=order)
-    page = records[:limit]
-    return JSONResponse({
-        "object": "list", "data": [r.to_openai() for r in page], "has_more": len(records) > limit,
-        "first_id": page[0].id if page else None, "last_id": page[-1].id if page else None,
-    })
+    return list_page(records[:limit], len(records) > limit)
 
 
 @router.get("/v1/files/{file_id}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.platform import cpu_flags
+from swiftlm.platform import cpu_flags, user_cache_dir
 from swiftlm.threads import all_cpus
 
 logger = logging.getLogger(__name__)
@@ -39,8 +39,7 @@ def cache_dir() -> Path:
     explicit = os.environ.get("SWIFTLM_KERNEL_CACHE")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "swiftlm" / "kernels"
+    return user_cache_dir() / "kernels"
 
 
 def local_includes(source: Path) -> list[Path]:
