@@ -128,6 +128,19 @@ def _add_serve(sub: Any) -> None:
     h.add_argument("--max-n", type=int, default=16, help="largest n a request may ask for (default: 16)")
     h.add_argument("--max-request-bytes", type=parse_bytes, default=16 * 1024 * 1024, metavar="BYTES",
                    help="larger request bodies are refused with 413 (default: 16MiB; uploads: --max-batch-file-bytes)")
+    h.add_argument("--api-key-file", metavar="FILE",
+                   help="accepted keys, one per line: KEY [name=NAME] [rpm=N] [tpm=N] ('#' starts a comment)")
+    h.add_argument("--default-rpm", type=int, metavar="N", help="requests per minute for each key without its own")
+    h.add_argument("--default-tpm", type=int, metavar="N",
+                   help="tokens (prompt + generated) per minute for each key without its own")
+    h.add_argument("--request-receive-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request's headers and body must arrive within this (else 408; default: 60)")
+    h.add_argument("--timeout-keep-alive", type=float, default=5.0, metavar="SECONDS",
+                   help="close idle keep-alive connections after this (default: 5)")
+    h.add_argument("--max-concurrent-connections", type=int, metavar="N",
+                   help="connections beyond this get a 503 (default: no limit)")
+    h.add_argument("--enable-debug-endpoints", action="store_true",
+                   help="serve GET /debug/kv (KV pool integrity and block accounting)")
     h.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"), default="info")
     b = p.add_argument_group("Batch API")
     b.add_argument("--disable-batch-api", action="store_true", help="do not serve /v1/files and /v1/batches (404)")
@@ -146,6 +159,7 @@ def _add_serve(sub: Any) -> None:
 # -- serve -------------------------------------------------------------------------------------
 def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     """The engine and server configs that ``swiftlm serve`` flags describe (raises ConfigError)."""
+    from swiftlm.server.api_keys import read_api_key_file
     from swiftlm.server.vllm_flags import check_vllm_flags, max_queue_wait, read_chat_template
 
     check_vllm_flags(args)
@@ -184,6 +198,13 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser or "hermes",
         max_request_bytes=args.max_request_bytes,
+        api_keys=read_api_key_file(args.api_key_file) if args.api_key_file else (),
+        default_rpm=args.default_rpm,
+        default_tpm=args.default_tpm,
+        request_receive_timeout_s=args.request_receive_timeout,
+        timeout_keep_alive_s=args.timeout_keep_alive,
+        max_concurrent_connections=args.max_concurrent_connections,
+        enable_debug_endpoints=args.enable_debug_endpoints,
         allowed_origins=tuple(args.allowed_origins),
         allowed_methods=tuple(args.allowed_methods),
         allowed_headers=tuple(args.allowed_headers),

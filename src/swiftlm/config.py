@@ -200,6 +200,25 @@ class EngineConfig:
             raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)} or none, got {self.quantization!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class ApiKeySpec:
+    """One API key the server accepts (``--api-key``, or a line of ``--api-key-file``), with its own
+    rate limits: requests and tokens (prompt + generated) per minute; None: the server's defaults."""
+
+    key: str = field(repr=False)
+    name: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.key or any(c.isspace() for c in self.key):
+            raise ConfigError("an API key must be a non-empty string without spaces")
+        for limit in ("rpm", "tpm"):
+            value = getattr(self, limit)
+            if value is not None and value < 1:
+                raise ConfigError(f"{limit} must be >= 1, got {value}")
+
+
 REASONING_PARSERS = ("qwen3", "deepseek_r1", "none")
 TOOL_CALL_PARSERS = ("hermes", "none")
 
@@ -211,6 +230,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    # more keys, each with its own name and limits (--api-key-file); any of them (or api_key) is accepted
+    api_keys: tuple[ApiKeySpec, ...] = ()
+    default_rpm: int | None = None  # per key (or for all callers, without keys): requests per minute
+    default_tpm: int | None = None  # per key: prompt + generated tokens per minute
     served_model_names: tuple[str, ...] = ()  # names clients may use, the first one reported; (): the model argument
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_n: int = 16
@@ -237,6 +260,13 @@ class ServerConfig:
     batch_retention_hours: float | None = 168.0
     max_batch_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit
     batch_max_concurrent_lines: int = 64  # lines handed to the engine at once (they wait at background priority)
+    # connections: a request's headers and body must arrive within request_receive_timeout_s of its
+    # first byte (else 408 and close); idle keep-alive connections close after timeout_keep_alive_s;
+    # connections beyond max_concurrent_connections get a 503 (None: no limit)
+    request_receive_timeout_s: float = 60.0
+    timeout_keep_alive_s: float = 5.0
+    max_concurrent_connections: int | None = None
+    enable_debug_endpoints: bool = False  # GET /debug/kv: the KV pool's integrity and block accounting
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
@@ -244,6 +274,13 @@ class ServerConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
             if not all(isinstance(v, str) for v in getattr(self, name)):
                 raise ConfigError(f"{name} must be a list of strings, got {getattr(self, name)!r}")
+        object.__setattr__(self, "api_keys", tuple(self.api_keys))
+        for name in ("default_rpm", "default_tpm", "max_concurrent_connections"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        if self.request_receive_timeout_s <= 0 or self.timeout_keep_alive_s <= 0:
+            raise ConfigError("request_receive_timeout_s and timeout_keep_alive_s must be > 0")
         if self.max_request_bytes < 1:
             raise ConfigError(f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         if self.max_batch_file_bytes < 1:

@@ -22,6 +22,7 @@ from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.llm import engine_config
 from swiftlm.server.app import create_app
+from swiftlm.server.connections import uvicorn_config
 from tests.conftest import ANSWER, REASONING  # noqa: F401 (re-exported for the server tests)
 
 
@@ -78,7 +79,7 @@ def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         if config.enable_batch_api and config.batch_storage_dir is None:
             config = dataclasses.replace(config, batch_storage_dir=str(tmp_path_factory.mktemp("batches")))
         app = create_app(engine, config, "swiftlm-test")
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        server = uvicorn.Server(uvicorn_config(app, config, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 20

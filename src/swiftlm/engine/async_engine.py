@@ -47,6 +47,11 @@ class RequestStream:
         self.request_id = request_id
         self._engine = engine
         self._channel = channel
+        self._observers: list[Callable[[RequestOutput], None]] = []
+
+    def observe(self, fn: Callable[[RequestOutput], None]) -> None:
+        """Call ``fn`` with every output as it is read (e.g. to count tokens while streaming)."""
+        self._observers.append(fn)
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         finished = False
@@ -57,6 +62,8 @@ class RequestStream:
                     finished = True
                     raise item
                 finished = item.finished
+                for fn in self._observers:
+                    fn(item)
                 yield item
                 if finished:
                     return

@@ -12,6 +12,7 @@ import torch
 
 from swiftlm.backends import Backend, build_backend
 from swiftlm.backends.kv_cache import num_blocks_for
+from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.core.generation import GenerationRequest
@@ -73,6 +74,19 @@ class EngineStats:
     num_failed_steps: int = 0
     num_failed_rows: int = 0
     healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class KvReport:
+    """Where every KV block is (``Engine.kv_report``): a block in use belongs to a live request or
+    a session; ``error`` names the first broken invariant (None: the pool is consistent)."""
+
+    blocks_usable: int
+    blocks_free: int  # free or cached-but-evictable (reference count 0)
+    blocks_in_sessions: int  # pinned between turns
+    live_requests: int
+    leaked_blocks: int  # in use, yet owned by no live request and no session
+    error: str | None
 
 
 class Engine:
@@ -258,6 +272,23 @@ class Engine:
             num_failed_steps=self.num_failed_steps,
             num_failed_rows=self.num_failed_rows,
             healthy=self.fatal_error is None,
+        )
+
+    def kv_report(self) -> KvReport:
+        """Check the KV pool's bookkeeping and account for every block (soak runs, admin)."""
+        live = [r for parent in self._parents.values() for r in parent.children]
+        error = None
+        try:
+            self.kv.check_integrity(live)
+        except AssertionError as exc:
+            error = str(exc) or "KV pool integrity check failed"
+        pool = self.kv.pool
+        pinned = {b for s in self.kv.sessions.all() for b in s.block_ids}
+        owned = pinned | {b for r in live for b in r.block_ids}
+        return KvReport(
+            blocks_usable=pool.num_usable_blocks, blocks_free=pool.num_free_blocks,
+            blocks_in_sessions=len(pinned), live_requests=len(live),
+            leaked_blocks=pool.num_usable_blocks - pool.num_free_blocks - len(owned - {NULL_BLOCK}), error=error,
         )
 
     # -- the step ------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ from fastapi.responses import Response
 
 from swiftlm.config import ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
-from swiftlm.server.auth import check_api_key
+from swiftlm.server.auth import CALLER, set_caller
 from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.batch_calls import InProcessCall
 from swiftlm.server.body_limit import BodyLimit
 from swiftlm.server.errors import OpenAIError, install_error_handlers
-from swiftlm.server.routes import batches, chat, completions, files, misc
+from swiftlm.server.openapi import install_openapi
+from swiftlm.server.routes import batches, chat, completions, debug, files, misc
 from swiftlm.server.state import ServerState
 
 
@@ -26,13 +27,15 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
         state.attach(engine)
     app.state.swiftlm = state
     install_error_handlers(app)
+    install_openapi(app)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next) -> Response:
-        try:
-            check_api_key(request, config.api_key)
-        except OpenAIError as exc:
-            return exc.response()
+        if CALLER not in request.scope:  # a Batch API line carries its job's owner
+            try:
+                set_caller(request.scope, state.keys.caller(request))
+            except OpenAIError as exc:
+                return exc.response()
         return await call_next(request)
 
     app.add_middleware(BodyLimit, limit=config.max_request_bytes)
@@ -43,9 +46,11 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
     app.include_router(misc.router)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    if config.enable_debug_endpoints:
+        app.include_router(debug.router)
     if config.enable_batch_api:
         state.batch_api = BatchApi.open(
-            config.batch_storage_dir, config.port, InProcessCall(app, config.api_key), config.max_batch_file_bytes,
+            config.batch_storage_dir, config.port, InProcessCall(app), config.max_batch_file_bytes,
             config.batch_retention_hours, config.batch_max_concurrent_lines,
         )
         state.metrics.watch_batches(lambda: state.batch_api.runner.counts)

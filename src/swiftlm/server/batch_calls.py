@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 
+from swiftlm.server.auth import CALLER, background_caller
 from swiftlm.server.body_limit import replay_body
 
 BACKGROUND = "swiftlm.background"  # ASGI scope key: the request is a Batch API line
@@ -26,23 +27,22 @@ def is_background(request: Request) -> bool:
 
 
 class InProcessCall:
-    """``await call(url, body, owner)`` -> (status, response body) through ``app``. ``api_key``:
-    the server's key, sent so the line passes authentication like its submitter did."""
+    """``await call(url, body, owner)`` -> (status, response body) through ``app``. The line runs
+    as its job's owner (the scope key ``CALLER``: authenticated when the job was created), so its
+    sessions are the owner's."""
 
-    def __init__(self, app: Any, api_key: str | None) -> None:
+    def __init__(self, app: Any) -> None:
         self._app = app
-        self._api_key = api_key
 
     async def __call__(self, url: str, body: dict, owner: str) -> tuple[int, dict]:
         body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         payload = json.dumps(body).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        if self._api_key is not None:
-            headers.append((b"authorization", b"Bearer " + self._api_key.encode()))
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
             "scheme": "http", "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
             "headers": headers, "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), BACKGROUND: True,
+            CALLER: background_caller(owner),
         }
 
         async def never_disconnect() -> dict:

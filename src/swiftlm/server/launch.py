@@ -17,6 +17,7 @@ from swiftlm.config import EngineConfig, ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.server.app import create_app
+from swiftlm.server.connections import uvicorn_config
 
 logger = logging.getLogger("swiftlm.server")
 
@@ -39,6 +40,7 @@ def _effective_config(engine_config: EngineConfig, server_config: ServerConfig, 
     server = dataclasses.asdict(server_config)
     if server.get("api_key"):
         server["api_key"] = "***"
+    server["api_keys"] = [{**spec, "key": "***"} for spec in server.get("api_keys", [])]  # keys are never logged
     engine = dataclasses.asdict(engine_config)
     if engine.get("chat_template"):
         engine["chat_template"] = f"<{len(engine['chat_template'])} characters of Jinja>"
@@ -72,11 +74,7 @@ def serve(
             logger.exception("could not load the model")
             server.should_exit = True
 
-    config = uvicorn.Config(
-        app, host=server_config.host, port=server_config.port, log_level=server_config.log_level,
-        timeout_graceful_shutdown=30, access_log=False,
-    )
-    server = _Server(config)
+    server = _Server(uvicorn_config(app, server_config))
     loader = threading.Thread(target=load, name="swiftlm-load", daemon=True)
     loader.start()
     try:

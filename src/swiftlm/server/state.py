@@ -11,9 +11,11 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.server.auth import Caller, KeyRing
 from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
+from swiftlm.server.quotas import RateLimits
 from swiftlm.text.session_prompt import SessionPrompts
 
 
@@ -30,8 +32,12 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     shutting_down: bool = False
     batch_api: BatchApi | None = None  # None: the Batch API is off (--disable-batch-api)
+    keys: KeyRing = field(init=False)
+    limits: RateLimits = field(init=False)
 
     def __post_init__(self) -> None:
+        self.keys = KeyRing(self.config)
+        self.limits = RateLimits()
         self.model_names = self.config.served_model_names or (self.model_name,)
         self.model_name = self.model_names[0]
         self.metrics = ServerMetrics(self.model_name, self.engine_stats)
@@ -73,11 +79,20 @@ class ServerState:
         """The ``model`` field of a response to a request that named ``model`` (already checked)."""
         return self.model_name if model is None else model
 
-    def submit(self, request: GenerationRequest) -> RequestStream:
-        """Hand a request to the engine, turning refusals into HTTP errors."""
+    def admit(self, caller: Caller, prompt_tokens: int) -> None:
+        """Count one HTTP request against ``caller``'s rate limits, or raise its 429."""
+        try:
+            self.limits.admit(caller, prompt_tokens)
+        except OpenAIError:
+            self.metrics.observe_rejected("rate_limit")
+            raise
+
+    def submit(self, request: GenerationRequest, caller: Caller) -> RequestStream:
+        """Hand a request to the engine, turning refusals into HTTP errors; the tokens it
+        generates count against ``caller``'s token rate."""
         engine = self.ready_engine()
         try:
-            return engine.submit(request)
+            stream = engine.submit(request)
         except QueueFullError as exc:
             self.metrics.observe_rejected("queue_full")
             raise too_many_requests(self.config.retry_after_s, str(exc)) from exc
@@ -87,6 +102,9 @@ class ServerState:
         except EngineDeadError as exc:
             self.metrics.observe_rejected("shutting_down")
             raise service_unavailable(str(exc)) from exc
+        if caller.tpm is not None and not caller.background:
+            stream.observe(lambda out: self.limits.charge(caller, sum(len(o.token_ids) for o in out.outputs)))
+        return stream
 
 
 def server_state(request: Request) -> ServerState:

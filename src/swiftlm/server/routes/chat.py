@@ -27,9 +27,10 @@ from fastapi.responses import Response
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
-from swiftlm.server.auth import session_scope
+from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
 from swiftlm.server.errors import OpenAIError, bad_request
+from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
     ChatCompletionChoice,
@@ -116,12 +117,17 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
     return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={**json_or_stream(ChatCompletionResponse, ChatCompletionChunk), **error_responses(400, 404, 429, 503)},
+)
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
     state = server_state(raw)
     turn = _prepare(state, req, raw)
     request = turn.request
-    stream = state.submit(request)
+    caller = request_caller(raw)
+    state.admit(caller, len(request.prompt_token_ids))
+    stream = state.submit(request, caller)
     if request.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         engine = state.ready_engine()

@@ -18,8 +18,9 @@ from fastapi.responses import Response
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
-from swiftlm.server.auth import session_scope
+from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
+from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
     CompletionChoice,
@@ -44,7 +45,10 @@ from swiftlm.server.streaming import EventStream
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post(
+    "/v1/completions",
+    responses={**json_or_stream(CompletionResponse, CompletionChunk), **error_responses(400, 404, 429, 503)},
+)
 async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     state = server_state(raw)
     engine = state.ready_engine()
@@ -67,6 +71,8 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         )
         check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
         prepared.append((text, ids, params))
+    caller = request_caller(raw)
+    state.admit(caller, sum(len(ids) for _, ids, _ in prepared))
     streams: list[RequestStream] = []
     try:
         for i, (text, ids, params) in enumerate(prepared):
@@ -76,7 +82,7 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
                 session_id=session_key, stream=req.stream, final_only=not req.stream,
                 priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
             )
-            streams.append(state.submit(request))
+            streams.append(state.submit(request, caller))
     except Exception:
         for s in streams:
             engine.abort(s.request_id)
