@@ -43,6 +43,41 @@ TINY_UNTIED = {
 }
 
 
+# the other architectures, with odd head counts: Llama with Llama 3 rotary scaling and a tied head
+# (shaped for the CPU kernels: widths multiples of 32), Qwen2 with its q/k/v biases, an untied head
+# and widths the kernels do not take (they fall back)
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 96,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+    "rope_theta": 100000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 64},
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+TINY_QWEN2 = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 120,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 5,
+    "num_key_value_heads": 1,
+    "head_dim": 24,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+}
+
+
 def make_tiny_model(dst: Path, shape: dict, seed: int = 0) -> Path:
     write_random_checkpoint(dst, shape, seed=seed, dtype=torch.float32, std=0.05)
     write_tokenizer_files(dst)
@@ -57,6 +92,22 @@ def tiny_tied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_untied_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_untied"), TINY_UNTIED, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), TINY_LLAMA, seed=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), TINY_QWEN2, seed=4)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_arch_dir(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_qwen2_dir: Path) -> Path:
+    """A tiny checkpoint of each architecture beside Qwen3."""
+    return tiny_llama_dir if request.param == "llama" else tiny_qwen2_dir
 
 
 @pytest.fixture(scope="session", params=["tied", "untied"])

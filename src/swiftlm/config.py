@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+# what each architecture switches on in the one decoder (swiftlm.model.decoder), and the defaults
+# transformers' config classes give fields a config.json leaves out
+_ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Qwen3ForCausalLM": {"qk_norm": True, "qkv_bias": False, "rope_theta": 1_000_000.0, "max_position_embeddings": 40960},
+    "Qwen2ForCausalLM": {"qk_norm": False, "qkv_bias": True, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
+    "LlamaForCausalLM": {"qk_norm": False, "qkv_bias": False, "rope_theta": 10_000.0, "max_position_embeddings": 2048},
+}
+ROPE_SCALINGS = ("llama3", "linear")
 
 
 class ConfigError(ValueError):
@@ -17,7 +25,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """The shape of a Qwen3 dense decoder, read from a checkpoint's ``config.json``."""
+    """The shape of a dense decoder (Qwen3, Qwen2 or Llama), read from a checkpoint's ``config.json``.
+
+    The architectures differ by switches of one model: ``qk_norm`` (Qwen3's RMSNorm of each q and k
+    head), ``qkv_bias`` (Qwen2's q/k/v biases), ``attention_bias`` (biases on q, k, v and o, as the
+    config's field), ``rope_scaling`` (``{"rope_type": "llama3" | "linear", ...}`` as in config.json)
+    and a tied or untied head."""
 
     vocab_size: int
     hidden_size: int
@@ -33,8 +46,18 @@ class ModelConfig:
     attention_bias: bool = False
     architecture: str = "Qwen3ForCausalLM"
     torch_dtype: str = "bfloat16"
+    qk_norm: bool = True
+    qkv_bias: bool = False
+    rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind == "default":
+                object.__setattr__(self, "rope_scaling", None)
+            elif kind not in ROPE_SCALINGS:
+                raise ConfigError(f"rope_scaling type {kind!r} is not supported; swiftlm supports "
+                                  f"{', '.join(ROPE_SCALINGS)}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ConfigError(
                 f"architecture {self.architecture!r} is not supported; swiftlm supports "
@@ -57,9 +80,18 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         archs = cfg.get("architectures") or [cfg.get("model_type", "unknown")]
+        defaults = _ARCHITECTURE_DEFAULTS.get(archs[0], _ARCHITECTURE_DEFAULTS["Qwen3ForCausalLM"])
+        rope_parameters = cfg.get("rope_parameters") or {}  # newer transformers nest rope fields there
         rope_theta = cfg.get("rope_theta")
-        if rope_theta is None:  # newer transformers nest it under rope_parameters
-            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+        if rope_theta is None:
+            rope_theta = rope_parameters.get("rope_theta", defaults["rope_theta"])
+        rope_scaling = cfg.get("rope_scaling")
+        if rope_scaling is None and rope_parameters.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+        if cfg.get("mlp_bias"):
+            raise ConfigError("mlp_bias is not supported (no released Llama checkpoint uses it)")
+        if cfg.get("use_sliding_window") and archs[0] == "Qwen2ForCausalLM":
+            raise ConfigError("Qwen2 with use_sliding_window is not supported")
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"],
@@ -71,11 +103,14 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            max_position_embeddings=cfg.get("max_position_embeddings", defaults["max_position_embeddings"]),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", False)),
             architecture=archs[0],
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            qk_norm=defaults["qk_norm"],
+            qkv_bias=defaults["qkv_bias"],
+            rope_scaling=dict(rope_scaling) if rope_scaling else None,
         )
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Hugging Face transformers' Qwen3 as the numerical reference (a test dependency only)."""
+"""Hugging Face transformers (its Qwen3, Qwen2 and Llama) as the numerical reference (a test dependency only)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 def hf_model(model_dir: Path, dtype: torch.dtype):
     import transformers
 
-    model = transformers.Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     return model.eval()
 
 

@@ -121,3 +121,22 @@ def test_bad_slot_is_an_error_not_a_write(kernels: CpuKernels, tiny_model_dir: P
                   layers.n_kv_heads, layers.eps, layers.scale, layers.gemv_max_rows, layers.max_rows, layers.kind,
                   layers.quant, layers.intermediate)
     assert all(torch.equal(a, b) for a, b in zip(before, k_pools, strict=True))
+
+
+@pytest.mark.parametrize("path", ["amx", "int8"])
+def test_decode_layers_on_llama_and_qwen2(kernels: CpuKernels, tiny_arch_dir: Path, path: str) -> None:
+    """Llama has no q/k norm (the op rotates the heads as they are); Qwen2's q/k/v biases keep the
+    Python loop (the op takes bias-free linears). Either way the outputs equal the loop's."""
+    if path == "amx" and kernels.amx is None:
+        pytest.skip("no AMX here")
+    kwargs = {"dtype": "bfloat16", "quantization": None if path == "amx" else path, "max_num_batched_tokens": 4096}
+    calls: list[int] = []
+    fast = LLM(str(tiny_arch_dir), backend=CpuBackend(kernels=counting(kernels, calls)), **kwargs)
+    slow = LLM(str(tiny_arch_dir), backend=CpuBackend(kernels=dataclasses.replace(kernels, decode_layers=None)),
+               **kwargs)
+    batch_prompts = prompts(5, seed=21)
+    assert outputs(fast, batch_prompts) == outputs(slow, batch_prompts)
+    if fast.engine.model.config.qkv_bias:
+        assert fast.engine.backend.step_plan.decode_layers is None and not calls
+    else:
+        assert calls and max(calls) <= fast.engine.backend.step_plan.decode_layers.max_rows

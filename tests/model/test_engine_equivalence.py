@@ -172,3 +172,15 @@ def test_bf16_kernel_path_as_accurate_as_torch_path(tiny_tied_dir: Path, tiny_un
     print(f"bf16 greedy positions equal to float32: kernel path {fast_share:.1%}, torch path {torch_share:.1%}")
     assert fast_share >= torch_share - 0.05
     assert_no_leaks(fast)
+
+
+@pytest.mark.parametrize("engine_kwargs", [{}, {"max_num_batched_tokens": 7}, {"cpu_kernels": False}],
+                         ids=["batched", "chunked-7", "torch-backend"])
+def test_llama_and_qwen2_batched_equal_plain(tiny_arch_dir: Path, engine_kwargs) -> None:
+    """The engine's paths (CPU kernels without q/k norm, with q/k/v biases) on Llama and Qwen2."""
+    batch = random_prompts([1, 17, 33, 128, 300], seed=11)
+    plain = PlainLLM(str(tiny_arch_dir), dtype="float32")
+    expected = [plain.generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids for p in batch]
+    llm = LLM(str(tiny_arch_dir), dtype="float32", **engine_kwargs)
+    assert run(llm, batch) == expected
+    assert_no_leaks(llm)

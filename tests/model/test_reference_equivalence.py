@@ -73,3 +73,31 @@ def test_bfloat16_greedy_agrees_with_transformers(tiny_model_dir: Path) -> None:
         total += len(got)
     print(f"{tiny_model_dir.name} bf16: {same}/{total} = {same / total:.1%} greedy positions identical")
     assert same / total >= 0.9
+
+
+@pytest.mark.parametrize("length", (1, 128, 300))
+@torch.inference_mode()
+def test_llama_and_qwen2_logits_match_transformers_float32(tiny_arch_dir: Path, length: int) -> None:
+    """Llama (Llama 3 rotary scaling, tied head, 3 heads on 1 KV head) and Qwen2 (q/k/v biases,
+    5 heads of 24) against transformers' own classes for them."""
+    ours = load_model(tiny_arch_dir, "float32")
+    ref = hf_model(tiny_arch_dir, torch.float32)
+    assert type(ref).__name__ == ours.config.architecture
+    prompt = random_prompt(length, seed=length)
+    expected = ref(torch.tensor([prompt])).logits[0].float()
+    attention = DenseAttention(ours.config.num_hidden_layers)
+    got = ours.compute_logits(ours(torch.tensor(prompt), torch.arange(length), attention.bind(["r"], [length])))
+    diff = (got - expected).abs().max().item()
+    print(f"{ours.config.architecture} prompt {length}: max |logit diff| = {diff:.2e}")
+    assert diff <= 1e-4
+
+
+@torch.inference_mode()
+def test_llama_and_qwen2_greedy_match_transformers_float32(tiny_arch_dir: Path) -> None:
+    llm = PlainLLM(str(tiny_arch_dir), dtype="float32")
+    ref = hf_model(tiny_arch_dir, torch.float32)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    for length in (17, 300):
+        prompt = random_prompt(length, seed=300 + length)
+        expected, _ = hf_greedy(ref, prompt, 48)
+        assert llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids == expected

@@ -1,7 +1,7 @@
 """Attention over the KV cache: where K/V live and how a step's queries attend to them.
 
 An attention object is bound to one step's metadata and returns an ``Attention`` callable (see
-``swiftlm.model.qwen3``). Contract shared by all of them:
+``swiftlm.model.decoder``). Contract shared by all of them:
 
 * the step's tokens are a flat sequence, request after request; request ``i`` owns the query
   rows ``query_start[i] : query_start[i + 1]``;

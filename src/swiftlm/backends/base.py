@@ -31,7 +31,7 @@ import torch
 from swiftlm.backends.attention import PagedAttention
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.config import ModelConfig
-from swiftlm.model.qwen3 import Attention, Qwen3ForCausalLM
+from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class Backend(ABC):
         self.plan: list[str] = []  # what runs where, in words; filled by prepare()
 
     @abstractmethod
-    def prepare(self, model: Qwen3ForCausalLM, quantization: str | None = None) -> None:
+    def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:
         """Transform ``model`` (in place) for this device, once, before the first step."""
 
     def allocate_kv_cache(
@@ -67,7 +67,7 @@ class Backend(ABC):
         return PagedAttention(kv_cache)
 
     def forward(
-        self, model: Qwen3ForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+        self, model: DecoderForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         return model(input_ids, positions, attention)

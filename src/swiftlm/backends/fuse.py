@@ -10,7 +10,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from swiftlm.model.qwen3 import Qwen3ForCausalLM
+from swiftlm.model.decoder import DecoderForCausalLM
 
 
 def _adjacent(tensors: list[torch.Tensor]) -> bool:
@@ -43,7 +43,7 @@ def _concat_linear(*parts: nn.Linear) -> nn.Linear:
     return fused
 
 
-def fuse_projections(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+def fuse_projections(model: DecoderForCausalLM) -> DecoderForCausalLM:
     """q/k/v and gate/up concatenated into one linear each (new tensors in process memory)."""
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from swiftlm.backends.base import Backend
 from swiftlm.backends.quant import quantize
-from swiftlm.model.qwen3 import Qwen3ForCausalLM
+from swiftlm.model.decoder import DecoderForCausalLM
 
 
 class TorchBackend(Backend):
     name = "torch"
 
-    def prepare(self, model: Qwen3ForCausalLM, quantization: str | None = None) -> None:
+    def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:
         self.plan = ["model: its own forward (stock torch ops)", "attention: torch (gather + SDPA)"]
         if quantization is not None:
             quantize(model, quantization)

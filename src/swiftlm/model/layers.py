@@ -1,4 +1,4 @@
-"""Building blocks of the Qwen3 decoder: RMSNorm, rotary embedding, SwiGLU MLP.
+"""Building blocks of the decoder: RMSNorm, rotary embedding (with Llama 3's and linear scaling), SwiGLU MLP.
 
 Numerics follow the reference implementation (norm statistics in float32, then cast back to the
 activation dtype before the weight multiply; rotary tables computed in float32 and cast to the
@@ -6,6 +6,9 @@ activation dtype) so that bfloat16 runs round the same way.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +31,13 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (half-split layout) looked up by absolute position."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
         # computed on the CPU even inside a meta-device context (the loader builds the model there;
         # meta tensors would go through torch._refs, whose first use imports torch._dynamo: ~1.5 s)
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+        if scaling is not None:
+            inv_freq = scaled_frequencies(inv_freq, scaling)
         t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
@@ -44,6 +49,26 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos_cached[positions].to(dtype).unsqueeze(1)
         sin = self.sin_cached[positions].to(dtype).unsqueeze(1)
         return cos, sin
+
+
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Rotary frequencies [head_dim / 2] under a config's ``rope_scaling``.
+
+    "linear": every frequency divided by ``factor`` (positions stretched). "llama3": wavelengths
+    longer than ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``,
+    those shorter than ``... / high_freq_factor`` kept, and the band between blends the two linearly
+    in ``original / wavelength``."""
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    original = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelength = 2 * math.pi / inv_freq
+    blend = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)  # 0: stretched, 1: kept
+    scaled = (1 - blend) * inv_freq / factor + blend * inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, scaled)
+    return torch.where(wavelength < original / high, inv_freq, scaled)
 
 
 def apply_rotary(

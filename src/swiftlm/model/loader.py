@@ -1,4 +1,4 @@
-"""Find a checkpoint (local directory or Hugging Face hub id) and load it into a Qwen3 model."""
+"""Find a checkpoint (local directory or Hugging Face hub id) and load it into the decoder."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from swiftlm.config import ConfigError, ModelConfig
-from swiftlm.model.qwen3 import Qwen3ForCausalLM, expected_tensor_shapes
+from swiftlm.model.decoder import DecoderForCausalLM, expected_tensor_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     config: ModelConfig | None = None,
-) -> Qwen3ForCausalLM:
+) -> DecoderForCausalLM:
     """Build the model for ``model_dir`` and fill it from its safetensors files.
 
     The model is built on the meta device and the loaded tensors are assigned to it directly, so
@@ -110,13 +110,14 @@ def load_model(
                 f"expects {expected[name]}"
             )
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = DecoderForCausalLM(config)
     converted = {n: t.to(device=device, dtype=torch_dtype) for n, t in state.items()}
     model.load_state_dict(converted, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     # Buffers (rotary tables) are computed, not loaded: rebuild them on the real device.
-    rotary = type(model.model.rotary)(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    rotary = type(model.model.rotary)(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                      config.rope_scaling)
     model.model.rotary = rotary.to(device)
     model.eval().requires_grad_(False)
     return model

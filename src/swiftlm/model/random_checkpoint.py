@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from swiftlm.config import ModelConfig
-from swiftlm.model.qwen3 import expected_tensor_shapes
+from swiftlm.model.decoder import expected_tensor_shapes
 
 QWEN3_0_6B: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -24,7 +24,7 @@ import torch
 from swiftlm.backends.base import Backend
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
-from swiftlm.model.qwen3 import Qwen3ForCausalLM
+from swiftlm.model.decoder import DecoderForCausalLM
 from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
 from swiftlm.runner.sampler import Sampler, SamplingRow
 
@@ -47,7 +47,7 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, kv_cache: KVCache, backend: Backend) -> None:
+    def __init__(self, model: DecoderForCausalLM, kv_cache: KVCache, backend: Backend) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.backend = backend

@@ -40,7 +40,7 @@ from swiftlm.backends.fuse import fuse_projections
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.quant import quantize
 from swiftlm.config import ModelConfig
-from swiftlm.model.qwen3 import Attention, Qwen3ForCausalLM
+from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class CpuBackend(Backend):
         self.num_kernel_linears = 0
 
     # -- preparing the model -----------------------------------------------------------------------
-    def prepare(self, model: Qwen3ForCausalLM, quantization: str | None = None) -> None:
+    def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:
         cfg = model.config
         dtype = model.model.embed_tokens.weight.dtype
         self.plan, self.fallbacks = [], []
@@ -88,7 +88,7 @@ class CpuBackend(Backend):
         self._prepare_attention(cfg, dtype)
         self._prepare_step_plan(model, cfg, dtype)
 
-    def _prepare_linears(self, model: Qwen3ForCausalLM, dtype: torch.dtype, quantization: str | None) -> None:
+    def _prepare_linears(self, model: DecoderForCausalLM, dtype: torch.dtype, quantization: str | None) -> None:
         k, limits = self.kernels, self.limits
         if quantization is not None:
             if k.quant is None:
@@ -131,7 +131,7 @@ class CpuBackend(Backend):
             self.decode_kernel = None
             self.fell_back("decode attention", reason)
 
-    def _prepare_step_plan(self, model: Qwen3ForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def _prepare_step_plan(self, model: DecoderForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:
         k = self.kernels
         reason = k.missing.get("fused_ops", "not loaded") if k.fused_ops is None else \
             fused_supports(dtype, cfg.head_dim)
@@ -150,7 +150,7 @@ class CpuBackend(Backend):
         self.step_plan = StepPlan(build_plan(model.model), k.fused_ops, decode)
         self.plan.append("elementwise: fused norms, q/k norm + rotary, SiLU-multiply")
 
-    def _decode_layers_reason(self, model: Qwen3ForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> str | None:
+    def _decode_layers_reason(self, model: DecoderForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> str | None:
         if self.kernels.decode_layers is None:
             return self.kernels.missing.get("decode_layers", "not loaded")
         if self.decode_kernel is None:
@@ -170,7 +170,7 @@ class CpuBackend(Backend):
         return PagedAttention(kv_cache, self.decode_kernel)
 
     def forward(
-        self, model: Qwen3ForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
+        self, model: DecoderForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention
     ) -> torch.Tensor:
         if self.step_plan is None:
             return model(input_ids, positions, attention)

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from swiftlm.backends.cpu.fused_forward import qk_norm_weights
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear
 from swiftlm.backends.quant import QuantLinear
 
 if TYPE_CHECKING:
     from swiftlm.backends.attention import DecodeOnlyStep
-    from swiftlm.model.qwen3 import Qwen3Model
+    from swiftlm.model.decoder import DecoderModel
 
 
 KINDS = {"bf16": 0, "int8": 1, "int4": 2}  # the op's ``kind`` argument
@@ -45,7 +46,7 @@ class DecodeLayers:
     """The layers' tensors flattened once for the op: 8 weights (norms; bf16 linears) and 3 eps per
     layer, and for quantised layers 12 tensors (qweight, scales, mins or empty, per linear)."""
 
-    def __init__(self, model: Qwen3Model, op: Callable[..., torch.Tensor], limits: RowLimits) -> None:
+    def __init__(self, model: DecoderModel, op: Callable[..., torch.Tensor], limits: RowLimits) -> None:
         layers = list(model.layers)
         first = layers[0].self_attn
         self.op = op
@@ -77,12 +78,13 @@ class DecodeLayers:
                 for m in linears:
                     b = m._buffers
                     self.quant += [b["qweight"], b["scales"], b["mins"] if b["mins"] is not None else empty]
-            self.weights += [qkv_w, attn.q_norm.weight, attn.k_norm.weight, o_w,
-                             layer.post_attention_layernorm.weight, gu_w, down_w, nxt.weight]
-            self.eps += [attn.q_norm.eps, layer.post_attention_layernorm.eps, nxt.eps]
+            q_norm, k_norm, qk_eps = qk_norm_weights(attn, model.embed_tokens.weight.dtype)  # empty: no q/k norm
+            self.weights += [qkv_w, q_norm, k_norm, o_w, layer.post_attention_layernorm.weight, gu_w, down_w,
+                             nxt.weight]
+            self.eps += [qk_eps, layer.post_attention_layernorm.eps, nxt.eps]
 
     @staticmethod
-    def supports(model: Qwen3Model) -> str | None:
+    def supports(model: DecoderModel) -> str | None:
         """None when every layer has fused q/k/v and gate/up and all four linears are of one kind
         the op runs (bias-free GemvLinears, or bias-free QuantLinears of one method on their
         kernels), choosing their kernels alike; else why not."""

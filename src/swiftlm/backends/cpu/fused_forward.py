@@ -1,6 +1,6 @@
 """The CPU backend's step plan: the Qwen3 forward pass over the fused CPU ops (``kernels/fused_cpu.py``).
 
-The same computation as ``Qwen3Model.forward`` (the tests hold it to that), arranged for fewer
+The same computation as ``DecoderModel.forward`` (the tests hold it to that), arranged for fewer
 Python steps per token: each residual add is folded into the norm that follows it (the residual
 stream is updated in place and every layer hands the next its normed input), q/k norm and rotary
 are one op, SiLU-and-multiply one op, and every layer's tensors and linear ``forward`` methods are
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from swiftlm.backends.attention import BoundAttention
     from swiftlm.backends.cpu.decode import DecodeLayers
     from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps
-    from swiftlm.model.qwen3 import Qwen3Model
+    from swiftlm.model.decoder import DecoderAttention, DecoderModel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -32,7 +32,7 @@ Linear = Callable[[torch.Tensor], torch.Tensor]
 class LayerPlan:
     index: int
     qkv: Linear  # [T, hidden] -> [T, (Hq + 2 Hk) * Dh]
-    q_norm: torch.Tensor
+    q_norm: torch.Tensor  # [Dh], or empty: the model has no q/k norm (Llama, Qwen2)
     k_norm: torch.Tensor
     qk_eps: float
     n_heads: int
@@ -51,7 +51,16 @@ def _concat(*parts: Linear) -> Linear:
     return lambda x: torch.cat([p(x) for p in parts], dim=-1)
 
 
-def build_plan(model: Qwen3Model) -> list[LayerPlan]:
+def qk_norm_weights(attn: DecoderAttention, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(q norm weight, k norm weight, eps) as the fused ops take them: empty weights when the
+    model has no q/k norm (the ops then rotate the heads as they are)."""
+    if attn.q_norm is None:
+        empty = torch.empty(0, dtype=dtype)
+        return empty, empty, 0.0
+    return attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
+
+
+def build_plan(model: DecoderModel) -> list[LayerPlan]:
     plans = []
     layers = list(model.layers)
     for i, layer in enumerate(layers):
@@ -61,8 +70,9 @@ def build_plan(model: Qwen3Model) -> list[LayerPlan]:
             attn.q_proj.forward, attn.k_proj.forward, attn.v_proj.forward)
         gate_up = mlp.gate_up_proj.forward if mlp.gate_up_proj is not None else _concat(
             mlp.gate_proj.forward, mlp.up_proj.forward)
+        q_norm, k_norm, qk_eps = qk_norm_weights(attn, model.embed_tokens.weight.dtype)
         plans.append(LayerPlan(
-            index=attn.layer, qkv=qkv, q_norm=attn.q_norm.weight, k_norm=attn.k_norm.weight, qk_eps=attn.q_norm.eps,
+            index=attn.layer, qkv=qkv, q_norm=q_norm, k_norm=k_norm, qk_eps=qk_eps,
             n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim, o_proj=attn.o_proj.forward,
             post_norm=layer.post_attention_layernorm.weight, post_eps=layer.post_attention_layernorm.eps,
             gate_up=gate_up, down=mlp.down_proj.forward, next_norm=nxt.weight, next_eps=nxt.eps,
@@ -81,9 +91,9 @@ class StepPlan:
 
 
 def fused_forward(
-    model: Qwen3Model, plan: StepPlan, input_ids: torch.Tensor, positions: torch.Tensor, attention: BoundAttention,
+    model: DecoderModel, plan: StepPlan, input_ids: torch.Tensor, positions: torch.Tensor, attention: BoundAttention,
 ) -> torch.Tensor:
-    """input_ids, positions: [T] -> final hidden states [T, hidden] (normed, as Qwen3Model.forward)."""
+    """input_ids, positions: [T] -> final hidden states [T, hidden] (normed, as DecoderModel.forward)."""
     ops = plan.ops
     residual = model.embed_tokens(input_ids)  # [T, hidden], a fresh tensor: updated in place below
     first = model.layers[0].input_layernorm

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from swiftlm.backends.cpu.host_memory import huge_page_buffer
-from swiftlm.model.qwen3 import Qwen3ForCausalLM
+from swiftlm.model.decoder import DecoderForCausalLM
 
 ALIGN = 4096  # bytes; every tensor starts on its own page
 # the tensors of a linear layer that its forward reads (GemvLinear, nn.Linear, QuantLinear);
@@ -26,7 +26,7 @@ ALIGN = 4096  # bytes; every tensor starts on its own page
 _STREAMED = ("weight", "bias", "qweight", "scales", "mins")
 
 
-def streaming_order(model: Qwen3ForCausalLM) -> list[nn.Module]:
+def streaming_order(model: DecoderForCausalLM) -> list[nn.Module]:
     """The modules whose weights a decode step reads, in the order it reads them."""
     modules: list[nn.Module] = []
     for layer in model.model.layers:
@@ -54,7 +54,7 @@ def _in_place(arena: torch.Tensor | None, tensors: list[torch.Tensor]) -> bool:
     return inside and distinct == sorted(distinct)
 
 
-def place_weights_in_arena(model: Qwen3ForCausalLM, arena: torch.Tensor | None = None) -> torch.Tensor | None:
+def place_weights_in_arena(model: DecoderForCausalLM, arena: torch.Tensor | None = None) -> torch.Tensor | None:
     """Move the streamed weights of ``model`` (CPU) into one buffer; returns that buffer (None when
     there was nothing to place). The caller keeps it alive as long as the model.
 

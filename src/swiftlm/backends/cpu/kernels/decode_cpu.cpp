@@ -150,12 +150,16 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
                 cos.size(0), ")");
   const int64_t hidden = h_in.size(1);
   // shapes, checked once for every layer
-  const int64_t d = weights[1].numel(), qkv_n = (n_heads + 2 * n_kv_heads) * d, kv_width = n_kv_heads * d;
+  // head_dim from the rope tables: the q/k norm weights are empty for models without q/k norm
+  const bool qk_norm = weights[1].numel() > 0;
+  const int64_t d = cos.size(1), qkv_n = (n_heads + 2 * n_kv_heads) * d, kv_width = n_kv_heads * d;
   const int64_t inter = intermediate, gate_up_n = 2 * intermediate;
   TORCH_CHECK(cos.size(1) == d && d % 2 == 0, "swiftlm_decode.decode_layers: rope tables must be [P, head_dim]");
   for (int64_t l = 0; l < layers; ++l) {
     const Tensor* w = weights.data() + kPerLayer * l;
-    const bool norms_ok = w[1].numel() == d && w[2].numel() == d && w[4].numel() == hidden && w[7].numel() == hidden;
+    const int64_t qk_w = qk_norm ? d : 0;
+    const bool norms_ok = w[1].numel() == qk_w && w[2].numel() == qk_w && w[4].numel() == hidden &&
+                          w[7].numel() == hidden;
     const bool linears_ok = kind != kBf16 ||
                             (w[0].dim() == 2 && w[0].size(0) == qkv_n && w[0].size(1) == hidden && w[3].dim() == 2 &&
                              w[3].size(0) == hidden && w[3].size(1) == n_heads * d && w[5].dim() == 2 &&
@@ -163,7 +167,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
                              w[6].size(0) == hidden && w[6].size(1) == inter);
     TORCH_CHECK(norms_ok && linears_ok, "swiftlm_decode.decode_layers: layer ", l, " has weights of unexpected shapes");
     for (int64_t i : {1, 2, 4, 7})  // the norms; and the linears' weights on the bf16 kernels
-      TORCH_CHECK(w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous(),
+      TORCH_CHECK(w[i].numel() == 0 || (w[i].scalar_type() == at::kBFloat16 && w[i].is_contiguous()),
                   "swiftlm_decode.decode_layers: norm weights must be contiguous bf16");
     if (kind == kBf16)
       for (int64_t i : {0, 3, 5, 6})
@@ -212,7 +216,8 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
     const Tensor qkv_r = linear(h, t, w[0], qz, qkv_n, qkv);  // [T, (Hq + 2 Hk) * D]
     const bf16* qkv_p = qkv_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
-      swiftlm_rows::qk_norm_rope_row(qkv_p + i * qkv_n, w[1].const_data_ptr<bf16>(), w[2].const_data_ptr<bf16>(),
+      swiftlm_rows::qk_norm_rope_row(qkv_p + i * qkv_n, qk_norm ? w[1].const_data_ptr<bf16>() : nullptr,
+                                     qk_norm ? w[2].const_data_ptr<bf16>() : nullptr,
                                      cp + pos[i] * d, sp + pos[i] * d, n_heads, n_kv_heads, d,
                                      static_cast<float>(e[0]), qp + i * n_heads * d, kp + i * kv_width,
                                      norm_scratch.data());

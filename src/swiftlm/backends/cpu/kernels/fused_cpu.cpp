@@ -11,7 +11,8 @@
 //   qk_norm_rope(qkv [T, (Hq + 2 Hk) * Dh], q_w [Dh], k_w [Dh], cos [P, Dh], sin [P, Dh] (float32
 //       tables), positions [T] int64, Hq, Hk, eps) -> (q [T, Hq, Dh], k [T, Hk, Dh]):
 //       per head: n = rms_norm(head, w); out = dtype(n * c) + dtype(rotate_half(n) * s) rounded,
-//       with c = dtype(cos[pos]) and s = dtype(sin[pos]) (half-split rotary)
+//       with c = dtype(cos[pos]) and s = dtype(sin[pos]) (half-split rotary); empty q_w and k_w: no norm
+//       (n = head), for models without q/k norm
 //   silu_mul(gate_up [T, 2 I]) -> [T, I]:  dtype(dtype(silu(gate)) * up)
 // Tensors are float32 or bfloat16 (all of one dtype), rows contiguous in their last dimension.
 #include <ATen/Parallel.h>
@@ -91,12 +92,15 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& qkv, const at:
                                                 const at::Tensor& positions, int64_t hq, int64_t hk, double eps) {
   check_rows(qkv, "qkv");
   TORCH_CHECK(qkv.dim() == 2, "swiftlm_fused.qk_norm_rope: qkv must be [T, (Hq + 2 Hk) * Dh]");
-  const int64_t t = qkv.size(0), dh = q_w.numel();
+  TORCH_CHECK(cos.dim() == 2, "swiftlm_fused.qk_norm_rope: cos and sin must be float32 [P, Dh]");
+  const int64_t t = qkv.size(0), dh = cos.size(1);
+  const bool norm = q_w.numel() > 0;
   TORCH_CHECK(dh % 2 == 0 && qkv.size(1) == (hq + 2 * hk) * dh, "swiftlm_fused.qk_norm_rope: qkv width ",
               qkv.size(1), " is not (", hq, " + 2 * ", hk, ") * ", dh);
-  TORCH_CHECK(k_w.numel() == dh && q_w.scalar_type() == qkv.scalar_type() && k_w.scalar_type() == qkv.scalar_type() &&
-                  q_w.is_contiguous() && k_w.is_contiguous(),
-              "swiftlm_fused.qk_norm_rope: norm weights must be [Dh] of qkv's dtype");
+  TORCH_CHECK(!norm || (q_w.numel() == dh && k_w.numel() == dh && q_w.scalar_type() == qkv.scalar_type() &&
+                        k_w.scalar_type() == qkv.scalar_type() && q_w.is_contiguous() && k_w.is_contiguous()),
+              "swiftlm_fused.qk_norm_rope: norm weights must be [Dh] of qkv's dtype (or both empty: no norm)");
+  TORCH_CHECK(norm || k_w.numel() == 0, "swiftlm_fused.qk_norm_rope: give both norm weights or neither");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.dim() == 2 && cos.size(1) == dh && sin.sizes() == cos.sizes(),
               "swiftlm_fused.qk_norm_rope: cos and sin must be float32 [P, Dh]");
@@ -118,7 +122,8 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor& qkv, const at:
     at::parallel_for(0, t, grain_for((hq + hk) * dh), [&](int64_t t0, int64_t t1) {
       std::vector<scalar_t> n(dh);
       for (int64_t i = t0; i < t1; ++i)
-        qk_norm_rope_row(src + i * ld, q_w.data_ptr<scalar_t>(), k_w.data_ptr<scalar_t>(), cp + pos[i] * dh,
+        qk_norm_rope_row(src + i * ld, norm ? q_w.data_ptr<scalar_t>() : nullptr,
+                         norm ? k_w.data_ptr<scalar_t>() : nullptr, cp + pos[i] * dh,
                          sp + pos[i] * dh, hq, hk, dh, static_cast<float>(eps), qp + i * hq * dh, kp + i * hk * dh,
                          n.data());
     });

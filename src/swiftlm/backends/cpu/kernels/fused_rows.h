@@ -44,7 +44,11 @@ inline void qk_norm_rope_row(const T* qkv_row, const T* q_w, const T* k_w, const
     const bool is_q = h < hq;
     const T* head = qkv_row + h * dh;
     T* out = is_q ? q_out + h * dh : k_out + (h - hq) * dh;
-    norm_row(head, is_q ? q_w : k_w, dh, eps, n);
+    if (q_w == nullptr) {  // no q/k norm (Llama, Qwen2): rotate the head as it is
+      for (int64_t j = 0; j < dh; ++j) n[j] = head[j];
+    } else {
+      norm_row(head, is_q ? q_w : k_w, dh, eps, n);
+    }
     for (int64_t j = 0; j < dh; ++j) {
       const float v = static_cast<float>(n[j]);
       const float rot = j < half ? -static_cast<float>(n[j + half]) : static_cast<float>(n[j - half]);
