@@ -152,7 +152,7 @@ def _merge_extra_body(data: dict[str, Any], null_fields: frozenset[str]) -> dict
 
 
 class TextContentPart(_Request):
-    type: Literal["text"] = "text"
+    type: Literal["text"]  # required: ChatMessage refuses a part without it
     text: StrictStr
 
 
@@ -668,3 +668,29 @@ class TokenizeResponse(_Response):
 
 class DetokenizeResponse(_Response):
     prompt: str
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str  # "invalid_request_error", "rate_limit_exceeded", "service_unavailable", ...
+    param: str | None
+    code: str | int | None
+
+
+class ErrorResponse(_Response):
+    """Every error the server answers (``swiftlm.server.errors``): OpenAI's envelope."""
+
+    error: ErrorDetail
+
+
+class HealthStatus(_Response):
+    """GET /health: "ok" (200), or "loading", "unavailable" or "failed" (503, with ``error``)."""
+
+    status: Literal["ok", "loading", "unavailable", "failed"]
+    error: str | None = None
+
+
+class SessionDeleted(_Response):
+    id: str
+    object: Literal["session"] = "session"
+    deleted: bool

@@ -17,7 +17,9 @@ from fastapi.responses import JSONResponse
 from swiftlm.batch.objects import BatchRecord
 from swiftlm.server.auth import session_scope
 from swiftlm.server.batch_api import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchApi
+from swiftlm.server.batch_protocol import BatchCreateRequest, BatchList, BatchObject
 from swiftlm.server.errors import bad_request, not_found
+from swiftlm.server.openapi import error_responses, json_body
 from swiftlm.server.routes.files import batch_api, list_page, owned_file, too_large
 
 router = APIRouter()
@@ -26,7 +28,7 @@ router = APIRouter()
 async def _body(raw: Request) -> dict[str, Any]:
     try:
         body = json.loads(await raw.body() or b"{}")
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8 (UnicodeDecodeError), nested too deep
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -46,7 +48,10 @@ def _inline_input(api: BatchApi, owner: str, lines: Any, endpoint: str | None) -
     return api.store.create_file(owner, "batch", "inline_input.jsonl", data).id, endpoint
 
 
-@router.post("/v1/batches")
+@router.post(
+    "/v1/batches", openapi_extra=json_body(BatchCreateRequest),
+    responses={200: {"model": BatchObject}, **error_responses(400, 404, 413)},
+)
 async def create_batch(raw: Request) -> JSONResponse:
     api = batch_api(raw)
     owner = session_scope(raw)
@@ -81,7 +86,7 @@ async def create_batch(raw: Request) -> JSONResponse:
     return JSONResponse(batch.to_openai())
 
 
-@router.get("/v1/batches")
+@router.get("/v1/batches", responses={200: {"model": BatchList}, **error_responses(400)})
 async def list_batches(raw: Request, after: str | None = None, limit: int = 20) -> JSONResponse:
     api = batch_api(raw)
     if not 1 <= limit <= 100:
@@ -95,11 +100,11 @@ def _found(batch: BatchRecord | None, batch_id: str) -> JSONResponse:
     return JSONResponse(batch.to_openai())
 
 
-@router.get("/v1/batches/{batch_id}")
+@router.get("/v1/batches/{batch_id}", responses={200: {"model": BatchObject}, **error_responses(404)})
 async def retrieve_batch(raw: Request, batch_id: str) -> JSONResponse:
     return _found(batch_api(raw).store.get_batch(session_scope(raw), batch_id), batch_id)
 
 
-@router.post("/v1/batches/{batch_id}/cancel")
+@router.post("/v1/batches/{batch_id}/cancel", responses={200: {"model": BatchObject}, **error_responses(404)})
 async def cancel_batch(raw: Request, batch_id: str) -> JSONResponse:
     return _found(batch_api(raw).runner.cancel(session_scope(raw), batch_id), batch_id)

@@ -13,12 +13,16 @@ from fastapi.responses import JSONResponse, Response
 from swiftlm.batch.objects import FileRecord
 from swiftlm.server.auth import session_scope
 from swiftlm.server.batch_api import BatchApi
+from swiftlm.server.batch_protocol import FileDeleted, FileList, FileObject
 from swiftlm.server.errors import OpenAIError, bad_request, not_found
+from swiftlm.server.openapi import error_responses
 from swiftlm.server.state import server_state
 
 router = APIRouter()
 
 UPLOAD_PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
+_BYTES = {"schema": {"type": "string", "format": "binary"}}
+_CONTENT = {"description": "The file's bytes", "content": {"application/jsonl": _BYTES, "application/octet-stream": _BYTES}}
 
 
 def batch_api(raw: Request) -> BatchApi:
@@ -58,8 +62,8 @@ async def read_upload(upload: UploadFile, limit: int) -> bytes:
     return bytes(data)
 
 
-@router.post("/v1/files")
-async def create_file(raw: Request, file: UploadFile, purpose: str = Form(...)) -> JSONResponse:
+@router.post("/v1/files", responses={200: {"model": FileObject}, **error_responses(400, 413)})
+async def create_file(raw: Request, file: UploadFile, purpose: str = Form(..., json_schema_extra={"enum": list(UPLOAD_PURPOSES)})) -> JSONResponse:
     api = batch_api(raw)
     if purpose not in UPLOAD_PURPOSES:
         raise bad_request(f"purpose must be one of {', '.join(UPLOAD_PURPOSES)}, got {purpose!r}", param="purpose")
@@ -68,7 +72,7 @@ async def create_file(raw: Request, file: UploadFile, purpose: str = Form(...)) 
     return JSONResponse(record.to_openai())
 
 
-@router.get("/v1/files")
+@router.get("/v1/files", responses={200: {"model": FileList}, **error_responses(400)})
 async def list_files(raw: Request, purpose: str | None = None, after: str | None = None, limit: int = 10000,
                      order: str = "desc") -> JSONResponse:
     api = batch_api(raw)
@@ -80,13 +84,13 @@ async def list_files(raw: Request, purpose: str | None = None, after: str | None
     return list_page(records[:limit], len(records) > limit)
 
 
-@router.get("/v1/files/{file_id}")
+@router.get("/v1/files/{file_id}", responses={200: {"model": FileObject}, **error_responses(404)})
 async def retrieve_file(raw: Request, file_id: str) -> JSONResponse:
     api = batch_api(raw)
     return JSONResponse(owned_file(api, session_scope(raw), file_id).to_openai())
 
 
-@router.get("/v1/files/{file_id}/content")
+@router.get("/v1/files/{file_id}/content", response_class=Response, responses={200: _CONTENT, **error_responses(404)})
 async def file_content(raw: Request, file_id: str) -> Response:
     api = batch_api(raw)
     owner = session_scope(raw)
@@ -98,7 +102,7 @@ async def file_content(raw: Request, file_id: str) -> Response:
     return Response(data, media_type=media)
 
 
-@router.delete("/v1/files/{file_id}")
+@router.delete("/v1/files/{file_id}", responses={200: {"model": FileDeleted}, **error_responses(404)})
 async def delete_file(raw: Request, file_id: str) -> JSONResponse:
     api = batch_api(raw)
     owner = session_scope(raw)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from swiftlm.server.auth import session_scope
 from swiftlm.server.errors import bad_request, not_found
+from swiftlm.server.openapi import error_responses
 from swiftlm.server.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
+    HealthStatus,
     ModelCard,
     ModelList,
+    SessionDeleted,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -28,7 +31,7 @@ from swiftlm.text.chat_template import ChatTemplateError
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses={200: {"model": HealthStatus}, 503: {"model": HealthStatus, "description": "Not ready"}})
 async def health(raw: Request) -> Response:
     state = server_state(raw)
     if state.engine is None or state.shutting_down or not state.engine.is_running:
@@ -39,13 +42,13 @@ async def health(raw: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"description": "Prometheus metrics"}})
 async def metrics(raw: Request) -> Response:
     state = server_state(raw)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses={200: {"model": ModelList}})
 async def list_models(raw: Request) -> Response:
     """Every served name, each a card of the same model (``root``: the first name)."""
     state = server_state(raw)
@@ -54,7 +57,7 @@ async def list_models(raw: Request) -> Response:
     return Response(ModelList(data=cards).model_dump_json(exclude_none=True), media_type="application/json")
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses={200: {"model": ModelCard}, **error_responses(404)})
 async def get_model(model_id: str, raw: Request) -> Response:
     state = server_state(raw)
     name = state.check_model(model_id)
@@ -63,7 +66,7 @@ async def get_model(model_id: str, raw: Request) -> Response:
     return Response(card.model_dump_json(exclude_none=True), media_type="application/json")
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", responses={200: {"model": TokenizeResponse}, **error_responses(400, 404, 503)})
 async def tokenize(req: TokenizeRequest, raw: Request) -> Response:
     state = server_state(raw)
     engine = state.ready_engine()
@@ -89,7 +92,7 @@ async def tokenize(req: TokenizeRequest, raw: Request) -> Response:
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", responses={200: {"model": DetokenizeResponse}, **error_responses(400, 404, 503)})
 async def detokenize(req: DetokenizeRequest, raw: Request) -> Response:
     state = server_state(raw)
     engine = state.ready_engine()
@@ -99,7 +102,7 @@ async def detokenize(req: DetokenizeRequest, raw: Request) -> Response:
     return Response(DetokenizeResponse(prompt=text).model_dump_json(), media_type="application/json")
 
 
-@router.delete("/v1/sessions/{session_id}")
+@router.delete("/v1/sessions/{session_id}", responses={200: {"model": SessionDeleted}, **error_responses(404, 503)})
 async def close_session(session_id: str, raw: Request) -> Response:
     """Release a session's KV at once (it would otherwise expire after its TTL)."""
     state = server_state(raw)
