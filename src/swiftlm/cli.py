@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    p.add_argument("--model", required=True, help="local model directory or Hugging Face hub id")
+    p.add_argument("--model", required=True,
+                   help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's file)")
+    p.add_argument("--gguf-file", metavar="NAME", help="the GGUF file to load from the hub repo (or directory) MODEL")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--max-model-len", type=int, help="context window in tokens (default: 8192 or the model's)")
@@ -94,8 +96,10 @@ def _add_chat(sub: Any) -> None:
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API")
-    p.add_argument("model", help="local model directory or Hugging Face hub id")
+    p.add_argument("model",
+                   help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's file)")
     e = p.add_argument_group("engine")
+    e.add_argument("--gguf-file", metavar="NAME", help="the GGUF file to load from the hub repo (or directory) MODEL")
     e.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     e.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     e.add_argument("--quantization", choices=("none", "int8", "int4"), default="none", help="weight quantization")
@@ -182,7 +186,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
     engine = EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler,
         cpu_kernels=args.cpu_kernels, cpu_prepack={"auto": None, "on": True, "off": False}[args.cpu_prepack],
-        chat_template=read_chat_template(args.chat_template),
+        chat_template=read_chat_template(args.chat_template), gguf_file=args.gguf_file,
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:
@@ -235,9 +239,12 @@ def _load(args: argparse.Namespace, plain: bool = False) -> tuple[Any, float]:
 
     start = time.perf_counter()
     if plain:
-        llm: Any = PlainLLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
+        llm: Any = PlainLLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                            gguf_file=args.gguf_file)
     else:
-        extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+        extra: dict[str, Any] = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+        if args.gguf_file is not None:
+            extra["gguf_file"] = args.gguf_file
         llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=1, **extra)
         print(llm.engine.backend.describe(), file=sys.stderr)  # the device plan, once at start
     return llm, time.perf_counter() - start

@@ -16,7 +16,7 @@ _ARCHITECTURE_DEFAULTS: dict[str, dict[str, Any]] = {
     "Qwen2ForCausalLM": {"qk_norm": False, "qkv_bias": True, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
     "LlamaForCausalLM": {"qk_norm": False, "qkv_bias": False, "rope_theta": 10_000.0, "max_position_embeddings": 2048},
 }
-ROPE_SCALINGS = ("llama3", "linear")
+ROPE_SCALINGS = ("llama3", "linear", "factors")  # "factors": a GGUF's per-frequency divisors (rope_freqs)
 
 
 class ConfigError(ValueError):
@@ -228,6 +228,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     chat_template: str | None = None  # Jinja source replacing the tokenizer's own template
+    # a GGUF file in the hub repo ``model`` names (downloaded with hf_hub_download); None: ``model`` is
+    # a Hugging Face directory or hub id, a .gguf path, a directory holding one .gguf, or "repo:QUANT"
+    gguf_file: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # vLLM's "half", "float"

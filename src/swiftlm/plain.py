@@ -16,7 +16,7 @@ import torch
 
 from swiftlm.backends.attention import DenseAttention
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
-from swiftlm.model.loader import load_model, resolve_model_dir
+from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
 from swiftlm.platform import resolve_dtype
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.detokenizer import IncrementalDetokenizer
@@ -34,12 +34,14 @@ class StepResult:
 class PlainLLM:
     """``LLM``'s interface on the plain path (slow, obviously correct)."""
 
-    def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", max_model_len: int | None = None) -> None:
-        self.model_dir = resolve_model_dir(model)
+    def __init__(self, model: str, dtype: str = "auto", device: str = "cpu", max_model_len: int | None = None,
+                 gguf_file: str | None = None) -> None:
+        self.source = resolve_model(model, gguf_file)
+        self.model_dir = self.source.directory
         self.device = device
         self.dtype = resolve_dtype(dtype, device)
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.model = load_model(self.model_dir, self.dtype, device)
+        self.tokenizer = load_tokenizer(self.source)
+        self.model = load_model(self.source, self.dtype, device)
         self.max_model_len = min(max_model_len or 8192, self.model.config.max_position_embeddings)
         self._ids = count()
 

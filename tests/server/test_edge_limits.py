@@ -68,6 +68,16 @@ def test_deep_json_invalid_utf8_and_lone_surrogates_are_400(server) -> None:
     _check(r, 400, "surrogate")
 
 
+def test_huge_n_logit_bias_maps_and_stop_lists_are_400(server) -> None:
+    _check(_post(server, json={**_chat(server, "hi"), "n": 10_000}), 400, "n")
+    bias = {str(i): 1.0 for i in range(5000)}
+    _check(_post(server, json={**_chat(server, "hi"), "logit_bias": bias}), 400, "logit_bias")
+    _check(_post(server, json={**_chat(server, "hi"), "stop": ["x"] * 100}), 400, "stop")
+    _check(_post(server, json={**_chat(server, "hi"), "stop": ["y" * 100_000]}), 400, "stop")
+    ok = _post(server, json={**_chat(server, "hi"), "logit_bias": {str(i): 1.0 for i in range(100)}, "stop": ["zz"]})
+    assert ok.status_code == 200, ok.text
+
+
 def test_still_serving(server) -> None:
     r = _post(server, json=_chat(server, "hi"))
     assert r.status_code == 200, r.text

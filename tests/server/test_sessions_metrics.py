@@ -66,6 +66,29 @@ def test_metrics_exposed(server) -> None:
     assert float(count[0].split()[-1]) >= 1
 
 
+def _counter(server, name: str) -> float:
+    lines = httpx.get(server.base_url + "/metrics").text.splitlines()
+    return sum(float(ln.split()[-1]) for ln in lines if ln.startswith(name + "{"))
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_every_answer_is_counted_streamed_or_whole(server, path: str, stream: bool) -> None:
+    before = [_counter(server, n) for n in ("swiftlm:request_success_total", "swiftlm:generation_tokens_total",
+                                            "swiftlm:prompt_tokens_total")]
+    body = {"model": server.model, "max_tokens": 5, "ignore_eos": True, "stream": stream, "n": 2,
+            **({"prompt": ["river stone", "sky"]} if path == "/completions" else
+               {"messages": [{"role": "user", "content": "river stone"}]})}
+    r = httpx.post(server.v1 + path, json=body, timeout=30)
+    assert r.status_code == 200 and (not stream or r.text.rstrip().endswith("data: [DONE]"))
+    after = [_counter(server, n) for n in ("swiftlm:request_success_total", "swiftlm:generation_tokens_total",
+                                           "swiftlm:prompt_tokens_total")]
+    prompts = 2 if path == "/completions" else 1
+    assert after[0] - before[0] == prompts  # one per prompt, its n sequences together
+    assert after[1] - before[1] == prompts * 2 * 5
+    assert after[2] > before[2]
+
+
 def test_tokenize_roundtrip(server) -> None:
     r = httpx.post(server.base_url + "/tokenize", json={"prompt": "你好 👋 world"})
     assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"])

@@ -224,3 +224,22 @@ def test_other_tool_calls_in_the_history_render_fresh(prompts, kv) -> None:
 
 def fresh_ids_with_tools(tokenizer: Tokenizer, messages: list[dict[str, Any]]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=TOOLS, **KWARGS))
+
+
+def test_transcripts_of_sessions_the_cache_let_go_are_swept(prompts: SessionPrompts, kv: KVCacheManager,
+                                                              clock: Clock) -> None:
+    """A session that expires and is never resumed does not keep its transcript forever."""
+    for i in range(3):
+        finish_turn(prompts, kv, f"old-{i}", [SYSTEM, {"role": "user", "content": f"q{i}"}], "a", now=0.0)
+    clock.now = TTL + 1
+    kv.sessions.expire(clock.now)
+    finish_turn(prompts, kv, "live", [SYSTEM, {"role": "user", "content": "q"}], "a", now=clock.now)
+    assert "old-0" in prompts  # not looked at yet
+    assert prompts.sweep() == 3
+    assert "live" in prompts and not any(f"old-{i}" in prompts for i in range(3))
+    finish_turn(prompts, kv, "old-x", [SYSTEM, {"role": "user", "content": "qx"}], "a", now=clock.now)
+    clock.now = 2 * TTL + 2
+    kv.sessions.expire(clock.now)
+    for i in range(prompts.SWEEP_EVERY):  # record() sweeps by itself now and then
+        prompts.record(f"s{i % 2}", [SYSTEM], "a", [1, 2, 3])
+    assert "old-x" not in prompts

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swiftlm.backends.quant_ops import QK, TILE, TORCH_OPS, QuantOps, dequantize_activations
+from swiftlm.backends.row_buckets import bucketed
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,11 @@ class QuantLinear(nn.Module):
         return ops.int4_dequantize(self.qweight, self.scales, self.mins, n0, n1, dtype)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":  # oneDNN caches a primitive per row count: rows in buckets
+            return bucketed(x, self._dense_rows)
+        return self._dense_rows(x)
+
+    def _dense_rows(self, x: torch.Tensor) -> torch.Tensor:
         ops = self.kernels if self.kernels is not None and x.dtype in _KERNEL_DTYPES else TORCH_OPS
         xq = ops.fake_quantize_activations(x)
         n = self.out_features

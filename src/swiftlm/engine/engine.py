@@ -20,7 +20,7 @@ from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.core.request import FinishReason, Request
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
-from swiftlm.model.loader import load_model, resolve_model_dir
+from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
 from swiftlm.platform import resolve_dtype
 from swiftlm.runner.runner import ModelRunner, SampledToken
 from swiftlm.runner.sampler import SamplingRow
@@ -28,7 +28,6 @@ from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.detokenizer import IncrementalDetokenizer
 from swiftlm.text.stop import StopStringMatcher
-from swiftlm.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -99,14 +98,15 @@ class Engine:
         """``backend``: the device backend to run on (default ``build_backend(config)``); tests pass
         one built explicitly, e.g. ``CpuBackend(kernels=...)`` or ``TorchBackend("cpu")``."""
         self.config = config
-        self.model_dir = resolve_model_dir(config.model)
+        self.source = resolve_model(config.model, config.gguf_file)
+        self.model_dir = self.source.directory
         self.dtype = resolve_dtype(config.dtype, config.device)
         t0 = time.perf_counter()
         # the tokenizer (~0.5 s of parsing, mostly outside the GIL) loads while the weights do
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-tokenizer") as pool:
-            tokenizer = pool.submit(Tokenizer.from_dir, self.model_dir, config.chat_template)
+            tokenizer = pool.submit(load_tokenizer, self.source, config.chat_template)
             self.backend = backend if backend is not None else build_backend(config)
-            self.model = load_model(self.model_dir, self.dtype, config.device)
+            self.model = load_model(self.source, self.dtype, config.device)
             self.backend.prepare(self.model, config.quantization)
             self.tokenizer = tokenizer.result()
         self.load_seconds = time.perf_counter() - t0

@@ -57,8 +57,14 @@ def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch
     "linear": every frequency divided by ``factor`` (positions stretched). "llama3": wavelengths
     longer than ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``,
     those shorter than ``... / high_freq_factor`` kept, and the band between blends the two linearly
-    in ``original / wavelength``."""
+    in ``original / wavelength``. "factors" (a GGUF's ``rope_freqs.weight``, how llama.cpp writes
+    Llama 3's scaling): each frequency divided by its own factor."""
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "factors":
+        factors = torch.tensor(scaling["factors"], dtype=torch.float32, device=inv_freq.device)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope scaling has {factors.numel()} factors for {inv_freq.numel()} frequencies")
+        return inv_freq / factors
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor

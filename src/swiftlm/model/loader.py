@@ -1,16 +1,22 @@
-"""Find a checkpoint (local directory or Hugging Face hub id) and load it into the decoder."""
+"""Load a checkpoint (safetensors or GGUF, found by ``swiftlm.model.source``) into the decoder."""
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from swiftlm.config import ConfigError, ModelConfig
+from swiftlm.core.gguf_file import GGUFFile
 from swiftlm.model.decoder import DecoderForCausalLM, expected_tensor_shapes
+from swiftlm.model.gguf_checkpoint import load_gguf_model
+from swiftlm.model.source import LoadError, ModelSource, resolve_model
+from swiftlm.text.tokenizer import Tokenizer
+
+__all__ = ["LoadError", "ModelSource", "load_model", "load_tokenizer", "parse_dtype", "resolve_model",
+           "resolve_model_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,11 +29,6 @@ _DTYPES = {
     "fp16": torch.float16,
     "half": torch.float16,
 }
-_HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
-
-
-class LoadError(ValueError):
-    """A checkpoint that cannot be loaded, with a message that names what is wrong."""
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -39,27 +40,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_model_dir(model: str | Path) -> Path:
-    """A local directory as is; otherwise a hub id, downloaded (or found in the cache offline)."""
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise LoadError(f"{path} has no config.json; is it a Hugging Face model directory?")
-        return path
-    if path.exists() or str(model).startswith((".", "/", "~")) or str(model).count("/") > 1:
-        raise LoadError(f"model path {model} is not a directory")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    """The directory ``model`` resolves to (see ``resolve_model``, which also says whether it is a GGUF)."""
+    return resolve_model(model).directory
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    try:
-        # snapshot_download shows a tqdm progress bar per file and honours HF_HUB_OFFLINE itself.
-        local = snapshot_download(repo_id=str(model), allow_patterns=_HUB_FILES)
-    except LocalEntryNotFoundError as exc:
-        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
-        raise LoadError(f"could not find model {model!r} on the Hugging Face hub{hint}: {exc}") from exc
-    except HFValidationError as exc:
-        raise LoadError(f"{model!r} is neither a local directory nor a valid hub id: {exc}") from exc
-    return resolve_model_dir(local)
+
+def load_tokenizer(source: ModelSource, chat_template: str | None = None) -> Tokenizer:
+    """The source's tokenizer: its directory's tokenizer files, or a GGUF file's own metadata."""
+    if source.gguf is not None and not source.tokenizer_in_directory:
+        return Tokenizer.from_gguf(source.gguf, chat_template)
+    return Tokenizer.from_dir(source.directory, chat_template)
 
 
 def _safetensors_files(model_dir: Path) -> list[Path]:
@@ -70,16 +59,23 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(
-    model_dir: str | Path,
+    model_dir: str | Path | ModelSource,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     config: ModelConfig | None = None,
 ) -> DecoderForCausalLM:
-    """Build the model for ``model_dir`` and fill it from its safetensors files.
+    """Build the model for ``model_dir`` (a directory, a .gguf file or a resolved ``ModelSource``)
+    and fill it from its safetensors files or its GGUF file (``gguf_checkpoint``: dequantised).
 
     The model is built on the meta device and the loaded tensors are assigned to it directly, so
     weights whose dtype already matches are used from the memory-mapped file without a copy.
     """
+    if isinstance(model_dir, ModelSource):
+        if model_dir.gguf is not None:
+            return load_gguf_model(model_dir.gguf, parse_dtype(dtype), device, config)
+        model_dir = model_dir.directory
+    if str(model_dir).endswith(".gguf"):
+        return load_gguf_model(GGUFFile(model_dir), parse_dtype(dtype), device, config)
     model_dir = Path(model_dir)
     config = config or ModelConfig.from_model_dir(model_dir)
     torch_dtype = parse_dtype(dtype)

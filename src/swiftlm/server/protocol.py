@@ -49,6 +49,8 @@ from pydantic import (
 from pydantic.types import Strict
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 4096  # each stop string: every generated token is checked against the tail of the text
+MAX_LOGIT_BIAS = 2048  # entries of a logit_bias map (each is applied at every step)
 MAX_TOP_LOGPROBS = 20
 # Keys that ChatTemplate.render sets itself; a request may not pass them as template kwargs.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -78,7 +80,8 @@ def _stop_list(value: Any) -> Any:
 
 
 # A bare string or a list of up to 16 strings; always a list after validation.
-Stop = Annotated[list[StrictStr], BeforeValidator(_stop_list), Field(max_length=MAX_STOP_STRINGS)]
+Stop = Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]], BeforeValidator(_stop_list),
+                 Field(max_length=MAX_STOP_STRINGS)]
 # OpenAI's reasoning_effort; its effect on thinking: swiftlm.core.generation.resolve_thinking
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
@@ -281,7 +284,7 @@ class BaseSamplingRequest(_Request):
     repetition_penalty: _float(gt=0.0) | None = None
     presence_penalty: _float(ge=-2.0, le=2.0) = 0.0
     frequency_penalty: _float(ge=-2.0, le=2.0) = 0.0
-    logit_bias: dict[str, _float(ge=-100.0, le=100.0)] | None = None
+    logit_bias: Annotated[dict[str, _float(ge=-100.0, le=100.0)], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     seed: _int(ge=-(2**63), le=2**64 - 1) | None = None
     max_tokens: _int(ge=1) | None = None
     max_new_tokens: _int(ge=1) | None = None  # extension: alias of max_tokens (HF's name)

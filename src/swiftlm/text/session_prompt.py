@@ -96,11 +96,14 @@ class SessionPrompts:
     """Remembers each session's last turn and forms the next turn's prompt from it and the
     session's token stream, read through ``tokens_of`` (the cache owns the stream)."""
 
+    SWEEP_EVERY = 256  # records between sweeps for transcripts of sessions the cache let go
+
     def __init__(self, tokenizer: Tokenizer, tokens_of: TokensOf, max_sessions: int = 10_000) -> None:
         self.tokenizer = tokenizer
         self.tokens_of = tokens_of
         self.max_sessions = max_sessions
         self._turns: dict[str, _Turn] = {}
+        self._records = 0
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._turns
@@ -168,6 +171,9 @@ class SessionPrompts:
         ``tool_calls`` returned (OpenAI's shape), and ``token_ids`` (prompt + generated tokens) is
         the stream it ended with. Only a fingerprint of the stream is kept, to recognise it in the
         cache."""
+        self._records += 1
+        if self._records % self.SWEEP_EVERY == 0:
+            self.sweep()
         if len(self._turns) >= self.max_sessions and session_id not in self._turns:
             self._turns.pop(next(iter(self._turns)))
         answered: dict[str, Any] = {"role": "assistant", "content": answer}
@@ -178,6 +184,14 @@ class SessionPrompts:
 
     def forget(self, session_id: str) -> None:
         self._turns.pop(session_id, None)
+
+    def sweep(self) -> int:
+        """Forget the transcripts of sessions the cache no longer holds (expired, never resumed);
+        returns how many."""
+        gone = [sid for sid in self._turns if self.tokens_of(sid) is None]
+        for sid in gone:
+            del self._turns[sid]
+        return len(gone)
 
     def _recorded(self, session_id: str) -> tuple[_Turn, list[int]] | None:
         """The recorded turn and the cache's stream for it; None (and the record forgotten) when

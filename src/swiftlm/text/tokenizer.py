@@ -11,7 +11,9 @@ from typing import Any
 
 import tokenizers
 
+from swiftlm.core.gguf_file import GGUFFile
 from swiftlm.text.chat_template import ChatTemplate, ChatTemplateError
+from swiftlm.text.gguf_vocab import read_gguf_vocab
 
 # Sampling fields of generation_config.json that serve as request defaults.
 _GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "do_sample")
@@ -100,6 +102,14 @@ class Tokenizer:
         if template is None and config.get("chat_template") is None and (model_dir / "chat_template.jinja").is_file():
             template = (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
         return cls(backend, config, gen_config, template)
+
+    @classmethod
+    def from_gguf(cls, file: GGUFFile | str | Path, chat_template: str | None = None) -> Tokenizer:
+        """The tokenizer a GGUF file's metadata describes (``tokenizer.ggml.*``, ``tokenizer.chat_template``);
+        for a file with tokenizer files beside it, ``from_dir`` of that directory is the one to use."""
+        vocab = read_gguf_vocab(file if isinstance(file, GGUFFile) else GGUFFile(file))
+        template = chat_template if chat_template is not None else vocab.chat_template
+        return cls(vocab.backend, vocab.tokenizer_config, vocab.generation_config, template)
 
     # -- encoding and decoding -------------------------------------------------------------------
 

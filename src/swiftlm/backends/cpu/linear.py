@@ -1,5 +1,5 @@
 """CPU linear layers: ``GemvLinear`` (swiftlm's bf16 kernels for decode rows) and ``PackedLinear``
-(oneDNN's prepacked matmul).
+(oneDNN's prepacked matmul). Rows that reach oneDNN are padded to a few buckets (``row_buckets.py``).
 
 ``GemvLinear`` sends up to ``limits.gemv`` rows (decode of a few sequences) through the AVX512-BF16
 GEMV kernel, which streams the weight in nn.Linear's own layout; on CPUs with AMX, ``limits.gemv``
@@ -21,6 +21,7 @@ from torch import nn
 
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import supports as gemv_supports
 from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.row_buckets import bucketed
 
 Gemv = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,10 +57,11 @@ class GemvLinear(nn.Module):
             y = self.amx(x2.contiguous(), b["weight"])
             if b["bias"] is not None:
                 y.add_(b["bias"])
-        elif b["packed_weight"] is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x2, b["packed_weight"], b["bias"], "none", [], "")
+        elif b["packed_weight"] is not None:  # oneDNN: rows in buckets (see row_buckets.py)
+            y = bucketed(x2, lambda x: torch.ops.mkldnn._linear_pointwise(x, b["packed_weight"], b["bias"], "none", [],
+                                                                         ""))
         else:
-            y = F.linear(x2, b["weight"], b["bias"])
+            y = bucketed(x2, lambda x: F.linear(x, b["weight"], b["bias"]))
         return y if x2 is x else y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -98,7 +100,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed_weight, self.bias, "none", [], "")
+        y = bucketed(x.reshape(-1, shape[-1]),  # rows in buckets: oneDNN caches a primitive per shape
+                     lambda x2: torch.ops.mkldnn._linear_pointwise(x2, self.packed_weight, self.bias, "none", [], ""))
         return y.reshape(*shape[:-1], self.out_features)
 
 

@@ -161,6 +161,8 @@ async def _stream(
     prompts: dict[int, RequestOutput] = {}  # prompt p -> the output that carried its prompt logprobs
     open_streams = len(streams)
     generated = 0
+    generated_by: dict[int, int] = {}  # prompt p -> tokens generated for it (all n sequences)
+    reasons: dict[int, str] = {}  # prompt p -> its first sequence's finish reason
     try:
         while open_streams:
             p, item = await queue.get()
@@ -179,6 +181,9 @@ async def _stream(
             for seq in item.outputs:
                 index = p * n + seq.index
                 generated += len(seq.token_ids)
+                generated_by[p] = generated_by.get(p, 0) + len(seq.token_ids)
+                if seq.index == 0 and seq.finish_reason is not None:
+                    reasons[p] = seq.finish_reason
                 text = seq.text
                 echoed = None
                 if req.echo and index not in offsets:
@@ -198,6 +203,10 @@ async def _stream(
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
             if item.finished:
                 finals[p] = item
+        if len(finals) == len(streams):  # every prompt finished: counted as the whole answers are
+            for p, out in finals.items():
+                state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), generated_by.get(p, 0),
+                                               reasons.get(p, "stop"))
         if include_usage and len(finals) == len(streams):
             usage = UsageInfo.of(
                 sum(len(o.prompt_token_ids) for o in finals.values()),
