@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    p.add_argument("--model", required=True,
-                   help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's file)")
+    p.add_argument("--model", help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's "
+                                    "file; default: the installed SmolLM2-135M-Instruct GGUF)")
     p.add_argument("--gguf-file", metavar="NAME", help="the GGUF file to load from the hub repo (or directory) MODEL")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
@@ -96,8 +96,9 @@ def _add_chat(sub: Any) -> None:
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API")
-    p.add_argument("model",
-                   help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's file)")
+    p.add_argument("model", nargs="?",
+                   help="model directory, .gguf file, Hugging Face hub id, or REPO:QUANT (a GGUF repo's file; "
+                        "default: the installed SmolLM2-135M-Instruct GGUF)")
     e = p.add_argument_group("engine")
     e.add_argument("--gguf-file", metavar="NAME", help="the GGUF file to load from the hub repo (or directory) MODEL")
     e.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
@@ -441,6 +442,10 @@ def _run_chat(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "generate", "chat"):
+        if args.model is None:  # the installed default model
+            from swiftlm.model.default_model import require_default_model
+
+            args.model = require_default_model()
         from swiftlm.threads import pin_cpu_threads_env
 
         pin_cpu_threads_env()

