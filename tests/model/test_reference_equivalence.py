@@ -26,16 +26,21 @@ def random_prompt(length: int, seed: int) -> list[int]:
 @pytest.mark.parametrize("length", PROMPT_LENGTHS)
 @torch.inference_mode()
 def test_logits_match_transformers_float32(tiny_model_dir: Path, length: int) -> None:
-    ours = load_model(tiny_model_dir, "float32")
-    ref = hf_model(tiny_model_dir, torch.float32)
+    assert _max_logit_diff(tiny_model_dir, length) <= 1e-4
+
+
+def _max_logit_diff(model_dir: Path, length: int) -> float:
+    """Max |logit difference| against transformers' own class for the checkpoint, one prompt."""
+    ours = load_model(model_dir, "float32")
+    ref = hf_model(model_dir, torch.float32)
+    assert type(ref).__name__ == ours.config.architecture
     prompt = random_prompt(length, seed=length)
     expected = ref(torch.tensor([prompt])).logits[0].float()  # [L, V]
     attention = DenseAttention(ours.config.num_hidden_layers)
     hidden = ours(torch.tensor(prompt), torch.arange(length), attention.bind(["r"], [length]))
-    got = ours.compute_logits(hidden)
-    diff = (got - expected).abs().max().item()
-    print(f"{tiny_model_dir.name} prompt {length}: max |logit diff| = {diff:.2e}")
-    assert diff <= 1e-4
+    diff = (ours.compute_logits(hidden) - expected).abs().max().item()
+    print(f"{ours.config.architecture} {model_dir.name} prompt {length}: max |logit diff| = {diff:.2e}")
+    return diff
 
 
 @torch.inference_mode()
@@ -80,16 +85,7 @@ def test_bfloat16_greedy_agrees_with_transformers(tiny_model_dir: Path) -> None:
 def test_llama_and_qwen2_logits_match_transformers_float32(tiny_arch_dir: Path, length: int) -> None:
     """Llama (Llama 3 rotary scaling, tied head, 3 heads on 1 KV head) and Qwen2 (q/k/v biases,
     5 heads of 24) against transformers' own classes for them."""
-    ours = load_model(tiny_arch_dir, "float32")
-    ref = hf_model(tiny_arch_dir, torch.float32)
-    assert type(ref).__name__ == ours.config.architecture
-    prompt = random_prompt(length, seed=length)
-    expected = ref(torch.tensor([prompt])).logits[0].float()
-    attention = DenseAttention(ours.config.num_hidden_layers)
-    got = ours.compute_logits(ours(torch.tensor(prompt), torch.arange(length), attention.bind(["r"], [length])))
-    diff = (got - expected).abs().max().item()
-    print(f"{ours.config.architecture} prompt {length}: max |logit diff| = {diff:.2e}")
-    assert diff <= 1e-4
+    assert _max_logit_diff(tiny_arch_dir, length) <= 1e-4
 
 
 @torch.inference_mode()

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType, quants
 
 from swiftlm.config import ModelConfig
 from swiftlm.core.gguf_file import GGUFError, GGUFFile
+from swiftlm.model.assemble import assemble_model
 from swiftlm.model.decoder import DecoderForCausalLM, expected_tensor_shapes
 from swiftlm.model.gguf_config import gguf_config_dict
 
@@ -78,16 +79,7 @@ def load_gguf_model(
         elif config.architecture == "LlamaForCausalLM" and ".k_proj." in hf_name:
             tensor = _unpermute(tensor, config.num_key_value_heads)
         state[hf_name] = tensor.to(device=device, dtype=dtype)
-    with torch.device("meta"):
-        model = DecoderForCausalLM(config)
-    model.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    rotary = type(model.model.rotary)(config.head_dim, config.max_position_embeddings, config.rope_theta,
-                                      config.rope_scaling)
-    model.model.rotary = rotary.to(device)
-    model.eval().requires_grad_(False)
-    return model
+    return assemble_model(config, state, device)
 
 
 def _read_tensor(file: GGUFFile, name: str, shape: tuple[int, ...]) -> torch.Tensor:

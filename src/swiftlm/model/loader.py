@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from swiftlm.config import ConfigError, ModelConfig
 from swiftlm.core.gguf_file import GGUFFile
+from swiftlm.model.assemble import assemble_model
 from swiftlm.model.decoder import DecoderForCausalLM, expected_tensor_shapes
 from swiftlm.model.gguf_checkpoint import load_gguf_model
 from swiftlm.model.source import LoadError, ModelSource, resolve_model
@@ -105,18 +106,7 @@ def load_model(
                 f"tensor {name} has shape {tuple(tensor.shape)} in the checkpoint but the config "
                 f"expects {expected[name]}"
             )
-    with torch.device("meta"):
-        model = DecoderForCausalLM(config)
-    converted = {n: t.to(device=device, dtype=torch_dtype) for n, t in state.items()}
-    model.load_state_dict(converted, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    # Buffers (rotary tables) are computed, not loaded: rebuild them on the real device.
-    rotary = type(model.model.rotary)(config.head_dim, config.max_position_embeddings, config.rope_theta,
-                                      config.rope_scaling)
-    model.model.rotary = rotary.to(device)
-    model.eval().requires_grad_(False)
-    return model
+    return assemble_model(config, {n: t.to(device=device, dtype=torch_dtype) for n, t in state.items()}, device)
 
 
 def _names(names: list[str], limit: int = 8) -> str:
