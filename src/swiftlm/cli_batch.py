@@ -96,7 +96,7 @@ async def run_offline(
     app = create_app(engine, ServerConfig(enable_batch_api=False), model)
     store = BatchStore(state_dir)
     owner = "offline:" + hashlib.sha256(data).hexdigest()[:16]  # one job per input file's content
-    runner = BatchRunner(store, InProcessCall(app, None), BatchLimits(retention_s=None))
+    runner = BatchRunner(store, InProcessCall(app), BatchLimits(retention_s=None))
     await runner.start()  # resumes this file's job if an earlier run was interrupted
     jobs, _ = store.list_batches(owner, None, 1)
     if jobs:

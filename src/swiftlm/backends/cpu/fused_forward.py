@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from swiftlm.backends.cpu.qk_norm import qk_norm_weights
+
 if TYPE_CHECKING:
     from swiftlm.backends.attention import BoundAttention
     from swiftlm.backends.cpu.decode import DecodeLayers
     from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps
-    from swiftlm.model.decoder import DecoderAttention, DecoderModel
+    from swiftlm.model.decoder import DecoderModel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 
@@ -49,15 +51,6 @@ class LayerPlan:
 
 def _concat(*parts: Linear) -> Linear:
     return lambda x: torch.cat([p(x) for p in parts], dim=-1)
-
-
-def qk_norm_weights(attn: DecoderAttention, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(q norm weight, k norm weight, eps) as the fused ops take them: empty weights when the
-    model has no q/k norm (the ops then rotate the heads as they are)."""
-    if attn.q_norm is None:
-        empty = torch.empty(0, dtype=dtype)
-        return empty, empty, 0.0
-    return attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
 
 
 def build_plan(model: DecoderModel) -> list[LayerPlan]:
