@@ -9,6 +9,7 @@ print one ``error: ...`` line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -68,6 +69,8 @@ def _add_model_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="weight dtype (default: auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument("--max-model-len", type=int, help="context window in tokens (default: 8192 or the model's)")
+    p.add_argument("--override-generation-config", metavar="JSON",
+                   help="default sampling over the checkpoint's generation_config.json")
     s = p.add_argument_group("sampling (defaults: the checkpoint's generation_config.json)")
     s.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate (default: {max_tokens})")
     s.add_argument("--temperature", type=float, help="0 is greedy")
@@ -109,6 +112,8 @@ def _add_serve(sub: Any) -> None:
     e.add_argument("--cpu-prepack", choices=("auto", "on", "off"), default="auto",
                    help="oneDNN-packed weight copies: auto = only where the bf16 GEMV kernel does not run; "
                         "on = also next to it (faster batched decode, twice the weight memory)")
+    e.add_argument("--override-generation-config", metavar="JSON",
+                   help='default sampling over the checkpoint\'s generation_config.json, e.g. \'{"temperature": 0.2}\'')
     e.add_argument("--max-model-len", type=int, default=8192, help="context window in tokens (default: 8192)")
     e.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default: 16)")
     e.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
@@ -153,6 +158,8 @@ def _add_serve(sub: Any) -> None:
                    help="where jobs, their lines and files are kept (default: ~/.cache/swiftlm/batches/port-PORT)")
     b.add_argument("--batch-retention-hours", type=float, default=168.0, metavar="HOURS",
                    help="delete finished jobs and their files after this long (default: 168)")
+    b.add_argument("--response-retention-hours", type=float, default=720.0, metavar="HOURS",
+                   help="delete stored Responses API responses after this long (kept in --batch-storage-dir; default: 720)")
     b.add_argument("--max-batch-file-bytes", type=parse_bytes, default=200 * 1024 * 1024, metavar="BYTES",
                    help="largest upload or inline batch (default: 200MiB; larger: 413)")
     from swiftlm.server.vllm_flags import add_vllm_flags
@@ -188,6 +195,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         model=args.model, dtype=args.dtype, device=args.device, cache=cache, scheduler=scheduler,
         cpu_kernels=args.cpu_kernels, cpu_prepack={"auto": None, "on": True, "off": False}[args.cpu_prepack],
         chat_template=read_chat_template(args.chat_template), gguf_file=args.gguf_file,
+        generation_overrides=_generation_overrides(args),
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:
@@ -217,9 +225,15 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         enable_batch_api=not args.disable_batch_api,
         batch_storage_dir=args.batch_storage_dir,
         batch_retention_hours=args.batch_retention_hours,
+        response_retention_hours=args.response_retention_hours,
         max_batch_file_bytes=args.max_batch_file_bytes,
     )
     return engine, server
+
+
+def _generation_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    text = getattr(args, "override_generation_config", None)
+    return parse_json_object(text, "--override-generation-config") if text else {}
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -246,6 +260,8 @@ def _load(args: argparse.Namespace, plain: bool = False) -> tuple[Any, float]:
         extra: dict[str, Any] = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         if args.gguf_file is not None:
             extra["gguf_file"] = args.gguf_file
+        if _generation_overrides(args):
+            extra["generation_overrides"] = _generation_overrides(args)
         llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=1, **extra)
         print(llm.engine.backend.describe(), file=sys.stderr)  # the device plan, once at start
     return llm, time.perf_counter() - start
@@ -442,10 +458,14 @@ def _run_chat(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "generate", "chat"):
-        if args.model is None:  # the installed default model
-            from swiftlm.model.default_model import require_default_model
+        if args.model is None:  # the installed default model, with its name and sampling defaults
+            from swiftlm.model import default_model
 
-            args.model = require_default_model()
+            args.model = default_model.require_default_model()
+            if args.command == "serve" and not args.served_model_name:
+                args.served_model_name = [default_model.SERVED_NAME]
+            if getattr(args, "override_generation_config", None) is None:
+                args.override_generation_config = json.dumps(default_model.GENERATION_DEFAULTS)
         from swiftlm.threads import pin_cpu_threads_env
 
         pin_cpu_threads_env()

@@ -228,6 +228,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     chat_template: str | None = None  # Jinja source replacing the tokenizer's own template
+    # default sampling values over the checkpoint's generation_config.json (vLLM's
+    # --override-generation-config): temperature, top_p, top_k, min_p, repetition_penalty
+    generation_overrides: dict[str, Any] = field(default_factory=dict)
     # a GGUF file in the hub repo ``model`` names (downloaded with hf_hub_download); None: ``model`` is
     # a Hugging Face directory or hub id, a .gguf path, a directory holding one .gguf, or "repo:QUANT"
     gguf_file: str | None = None
@@ -296,6 +299,7 @@ class ServerConfig:
     max_request_bytes: int = 16 * 1024 * 1024  # larger request bodies are a 413 (uploads: max_batch_file_bytes)
     batch_storage_dir: str | None = None
     batch_retention_hours: float | None = 168.0
+    response_retention_hours: float | None = 720.0  # stored Responses API responses (None: kept); OpenAI keeps 30 days
     max_batch_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit
     batch_max_concurrent_lines: int = 64  # lines handed to the engine at once (they wait at background priority)
     # connections: a request's headers and body must arrive within request_receive_timeout_s of its
@@ -325,6 +329,8 @@ class ServerConfig:
             raise ConfigError(f"max_batch_file_bytes must be >= 1, got {self.max_batch_file_bytes}")
         if self.batch_max_concurrent_lines < 1:
             raise ConfigError(f"batch_max_concurrent_lines must be >= 1, got {self.batch_max_concurrent_lines}")
+        if self.response_retention_hours is not None and self.response_retention_hours <= 0:
+            raise ConfigError(f"response_retention_hours must be > 0, got {self.response_retention_hours}")
         if self.batch_retention_hours is not None and self.batch_retention_hours <= 0:
             raise ConfigError(f"batch_retention_hours must be > 0, got {self.batch_retention_hours}")
         if not all(isinstance(name, str) and name for name in self.served_model_names):

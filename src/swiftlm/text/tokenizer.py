@@ -3,6 +3,7 @@ generation_config.json say about special tokens, the chat template and sampling 
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -169,6 +170,17 @@ class Tokenizer:
     @property
     def chat_template(self) -> str | None:
         return self._chat_template.source if self._chat_template is not None else None
+
+    def with_generation_defaults(self, overrides: Mapping[str, Any]) -> Tokenizer:
+        """A copy whose sampling defaults are ``overrides`` over the checkpoint's (vLLM's
+        --override-generation-config); raises ValueError for a key that is not a sampling default."""
+        unknown = set(overrides) - set(_GENERATION_DEFAULT_KEYS)
+        if unknown:
+            raise ValueError(f"generation config overrides {sorted(unknown)} are not sampling defaults; "
+                             f"use {', '.join(_GENERATION_DEFAULT_KEYS)}")
+        other = copy.copy(self)
+        other._generation_defaults = {**self._generation_defaults, **overrides}
+        return other
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
