@@ -26,6 +26,7 @@ from pydantic.json_schema import models_json_schema
 from swiftlm.server.auth import OPEN_PATHS
 from swiftlm.server.batch_protocol import BatchCreateRequest
 from swiftlm.server.protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
+from swiftlm.server.responses_objects import ResponseStreamEvent
 
 _DESCRIPTIONS = {
     400: "The request is invalid (malformed JSON, a field of the wrong type or out of range, a prompt too long)",
@@ -37,7 +38,9 @@ _DESCRIPTIONS = {
     503: ("The model is loading, the engine failed, the server is shutting down, or it has "
           "--max-concurrent-connections open already"),
 }
-_EXTRA_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionChunk, CompletionChunk, BatchCreateRequest, ErrorResponse)
+_EXTRA_MODELS: tuple[type[BaseModel], ...] = (
+    ChatCompletionChunk, CompletionChunk, ResponseStreamEvent, BatchCreateRequest, ErrorResponse,
+)
 _REF = "#/components/schemas/{model}"
 _METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 

@@ -16,6 +16,7 @@ from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
 from swiftlm.server.quotas import RateLimits
+from swiftlm.server.response_store import ResponseStore
 from swiftlm.text.session_prompt import SessionPrompts
 
 
@@ -32,6 +33,7 @@ class ServerState:
     metrics: ServerMetrics = field(init=False)
     shutting_down: bool = False
     batch_api: BatchApi | None = None  # None: the Batch API is off (--disable-batch-api)
+    responses: ResponseStore | None = None  # the Responses API's stored responses
     keys: KeyRing = field(init=False)
     limits: RateLimits = field(init=False)
 

@@ -68,7 +68,7 @@ router = APIRouter()
 
 
 @dataclass(frozen=True, slots=True)
-class _ChatTurn:
+class ChatTurn:
     """What one chat request resolved to before it reached the engine, and what recording the
     session's turn needs afterwards."""
 
@@ -79,7 +79,7 @@ class _ChatTurn:
     tool_policy: ToolPolicy  # whether tool calls are parsed from the answer, and how many
 
 
-def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _ChatTurn:
+def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -> ChatTurn:
     engine = state.ready_engine()
     state.check_model(req.model)
     tokenizer = engine.tokenizer
@@ -114,7 +114,7 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
         priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
     )
-    return _ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
+    return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
 
 
 @router.post(
@@ -123,7 +123,7 @@ def _prepare(state: ServerState, req: ChatCompletionRequest, raw: Request) -> _C
 )
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Response:
     state = server_state(raw)
-    turn = _prepare(state, req, raw)
+    turn = prepare_chat(state, req, raw)
     request = turn.request
     caller = request_caller(raw)
     state.admit(caller, len(request.prompt_token_ids))
@@ -132,7 +132,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Re
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         engine = state.ready_engine()
         return EventStream(
-            _stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(request.request_id)
+            stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(request.request_id)
         )
     try:
         out = await stream.final()
@@ -140,10 +140,10 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Re
         raise stream_failure(exc) from exc
     if out.error:
         raise output_error(out.error)
-    return Response(_whole_answer(state, req, turn, out).model_dump_json(exclude_none=True), media_type="application/json")
+    return Response(whole_answer(state, req, turn, out).model_dump_json(exclude_none=True), media_type="application/json")
 
 
-def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTurn, out: RequestOutput) -> ChatCompletionResponse:
+def whole_answer(state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, out: RequestOutput) -> ChatCompletionResponse:
     tokenizer = state.engine.tokenizer
     choices = []
     completion_tokens = reasoning_tokens = 0
@@ -183,8 +183,8 @@ def _whole_answer(state: ServerState, req: ChatCompletionRequest, turn: _ChatTur
     )
 
 
-async def _stream_chat(
-    state: ServerState, req: ChatCompletionRequest, turn: _ChatTurn, stream: RequestStream, include_usage: bool
+async def stream_chat(
+    state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, stream: RequestStream, include_usage: bool
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     created = int(time.time())
