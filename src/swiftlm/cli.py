@@ -260,8 +260,9 @@ def _load(args: argparse.Namespace, plain: bool = False) -> tuple[Any, float]:
         extra: dict[str, Any] = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
         if args.gguf_file is not None:
             extra["gguf_file"] = args.gguf_file
-        if _generation_overrides(args):
-            extra["generation_overrides"] = _generation_overrides(args)
+        overrides = _generation_overrides(args)
+        if overrides:
+            extra["generation_overrides"] = overrides
         llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=1, **extra)
         print(llm.engine.backend.describe(), file=sys.stderr)  # the device plan, once at start
     return llm, time.perf_counter() - start
@@ -455,17 +456,24 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 
 # -- entry point -------------------------------------------------------------------------------
+def apply_default_model(args: argparse.Namespace) -> None:
+    """Without a model argument: the installed default model, with its served name (serve) and
+    its sampling defaults (unless --override-generation-config gives others)."""
+    if args.model is not None:
+        return
+    from swiftlm.model import default_model
+
+    args.model = default_model.require_default_model()
+    if args.command == "serve" and not args.served_model_name:
+        args.served_model_name = [default_model.SERVED_NAME]
+    if getattr(args, "override_generation_config", None) is None:
+        args.override_generation_config = json.dumps(default_model.GENERATION_DEFAULTS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("serve", "generate", "chat"):
-        if args.model is None:  # the installed default model, with its name and sampling defaults
-            from swiftlm.model import default_model
-
-            args.model = default_model.require_default_model()
-            if args.command == "serve" and not args.served_model_name:
-                args.served_model_name = [default_model.SERVED_NAME]
-            if getattr(args, "override_generation_config", None) is None:
-                args.override_generation_config = json.dumps(default_model.GENERATION_DEFAULTS)
+        apply_default_model(args)
         from swiftlm.threads import pin_cpu_threads_env
 
         pin_cpu_threads_env()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from swiftlm.cli import build_configs, build_parser
+from swiftlm.cli import apply_default_model, build_configs, build_parser
 from swiftlm.model import default_model
 from swiftlm.text.tokenizer import Tokenizer
 
@@ -16,11 +16,7 @@ pytestmark = pytest.mark.skipif(default_model.default_model_path() is None, reas
 def _serve_args(argv: list[str]):
     """What ``swiftlm serve ARGV`` resolves to before it starts (main's default-model step)."""
     args = build_parser().parse_args(["serve", *argv])
-    if args.model is None:
-        args.model = default_model.require_default_model()
-        args.served_model_name = args.served_model_name or [default_model.SERVED_NAME]
-        if args.override_generation_config is None:
-            args.override_generation_config = json.dumps(default_model.GENERATION_DEFAULTS)
+    apply_default_model(args)
     return build_configs(args)
 
 

@@ -41,10 +41,9 @@ def run(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> 
 
 def assert_no_leaks(llm: LLM) -> None:
     """Every block is free except those held by sessions."""
-    kv = llm.engine.kv
-    kv.check_integrity([])
-    pinned = {b for s in kv.sessions.all() for b in s.block_ids}
-    assert kv.pool.num_free_blocks == kv.pool.num_usable_blocks - len(pinned)
+    report = llm.engine.kv_report()
+    assert report.error is None and report.live_requests == 0
+    assert report.blocks_free == report.blocks_usable - report.blocks_in_sessions
 
 
 @pytest.mark.parametrize(

@@ -47,16 +47,11 @@ class RunningServer:
         return asyncio.run(self.engine.run_in_engine(fn))
 
     def assert_no_leaks(self) -> None:
-        def check(engine: Engine) -> tuple[int, int, int]:
-            kv = engine.kv
-            live = [r for p in engine._parents.values() for r in p.children]
-            kv.check_integrity(live)
-            pinned = {b for s in kv.sessions.all() for b in s.block_ids}
-            return kv.pool.num_free_blocks, kv.pool.num_usable_blocks - len(pinned), len(live)
-
         deadline = time.monotonic() + 10
         while True:
-            free, expected, live = self.run_in_engine(check)
+            report = self.run_in_engine(lambda engine: engine.kv_report())
+            assert report.error is None, report.error
+            free, expected, live = report.blocks_free, report.blocks_usable - report.blocks_in_sessions, report.live_requests
             if (free == expected and live == 0) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
