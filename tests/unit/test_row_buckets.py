@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from swiftlm.backends.row_buckets import bucket_rows, bucketed
+from swiftlm.backends.row_buckets import bucket_rows, bucketed, row_buckets, warm_row_buckets
 
 
 def test_buckets_are_few_and_cover_every_row_count() -> None:
@@ -25,3 +25,32 @@ def test_padded_rows_give_the_real_rows_results() -> None:
         y = bucketed(x, lambda t: F.linear(t, w))
         assert y.shape == (m, 48)
         torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+class _Recording(torch.nn.Module):
+    """A linear-shaped module that records the row counts it runs at."""
+
+    def __init__(self, k: int, n: int, calls: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.calls = k, n, calls
+        self.register_buffer("weight", torch.zeros(n, k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append((self.in_features, x.shape[0]))
+        return x @ self.weight.T
+
+
+def test_warm_up_runs_each_shape_once_at_every_bucket() -> None:
+    calls: list[tuple[int, int]] = []
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(
+        torch.nn.ModuleDict({"a": _Recording(32, 16, calls), "b": _Recording(16, 32, calls)}) for _ in range(3)
+    )
+    model.lm_head = _Recording(32, 64, calls)
+    runs = warm_row_buckets(model, max_rows=100, head_rows=20, dtype=torch.float32)
+    assert runs == len(calls)
+    layer_rows = sorted({bucket_rows(m) for m in range(1, 101)})
+    assert sorted(r for k, r in calls[:len(layer_rows)]) == layer_rows  # the first layer's `a`, every bucket
+    assert [k for k, _ in calls].count(32) == len(layer_rows) + len(row_buckets(20))  # `a` once + lm_head
+    assert [k for k, _ in calls].count(16) == len(layer_rows)  # `b` once, not once per layer
+    assert max(r for k, r in calls[-len(row_buckets(20)):]) == bucket_rows(20)  # lm_head: only sampled rows

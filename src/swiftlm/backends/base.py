@@ -72,6 +72,11 @@ class Backend(ABC):
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         return model(input_ids, positions, attention)
 
+    def warm_up(self, model: DecoderForCausalLM, max_rows: int, head_rows: int) -> str | None:
+        """Whatever the device builds lazily per shape, built now for steps of up to ``max_rows``
+        tokens and ``head_rows`` sampled rows; returns what was done in words (None: nothing)."""
+        return None
+
     def fell_back(self, op: str, reason: str) -> None:
         self.fallbacks.append(Fallback(op, reason))
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def bucket_rows(rows: int) -> int:
@@ -33,3 +34,32 @@ def bucketed(x2: torch.Tensor, matmul: Callable[[torch.Tensor], torch.Tensor]) -
     if padded == rows:
         return matmul(x2)
     return matmul(F.pad(x2, (0, 0, 0, padded - rows)))[:rows]
+
+
+def row_buckets(max_rows: int) -> list[int]:
+    """Every bucket a matmul of 1 to ``max_rows`` rows runs at, ascending."""
+    return sorted({bucket_rows(r) for r in range(1, max_rows + 1)})
+
+
+def warm_row_buckets(model: nn.Module, max_rows: int, head_rows: int, dtype: torch.dtype) -> int:
+    """Run one linear of each distinct (kind, shape, weight dtype) at every row bucket, so oneDNN
+    builds its primitives (cached per shape, shared by every weight of that shape) before the first
+    request rather than minutes into serving: resident memory is then flat from the start.
+    ``max_rows`` bounds the rows of the layers' linears (a step's token budget), ``head_rows`` those of
+    ``lm_head`` (the rows that sample). Returns how many matmuls ran."""
+    seen: set[tuple] = set()
+    runs = 0
+    with torch.inference_mode():
+        for name, module in model.named_modules():
+            in_features = getattr(module, "in_features", None)
+            weight = next(iter(module.buffers(recurse=False)), None)
+            if in_features is None or weight is None or list(module.children()):
+                continue
+            key = (type(module), in_features, module.out_features, weight.dtype, name.endswith("lm_head"))
+            if key in seen:
+                continue
+            seen.add(key)
+            for rows in row_buckets(head_rows if key[-1] else max_rows):
+                module(torch.zeros(rows, in_features, dtype=dtype, device=weight.device))
+                runs += 1
+    return runs

@@ -125,6 +125,7 @@ class Engine:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
+        warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, sched.max_num_seqs)
         self._parents: dict[str, _Parent] = {}
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
         self.num_aborted = 0
@@ -141,6 +142,8 @@ class Engine:
             self.model_dir, self.dtype, num_blocks, cache.block_size, self.max_model_len, self.load_seconds,
         )
         logger.info("%s", self.backend.describe())
+        if warmed:
+            logger.info("%s", warmed)
 
     # -- requests in ------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
