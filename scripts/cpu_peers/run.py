@@ -82,11 +82,14 @@ def workers(args: argparse.Namespace) -> list[Worker]:
         Worker("swiftlm bf16", swift, 2.0),
         Worker("swiftlm int8", [*swift, "--quantization", "int8"], 1.0 + 4 / 1024),
         Worker("swiftlm int4", [*swift, "--quantization", "int4"], 0.5 + 4 / 64),
+        Worker("swiftlm bf16 kv int8", [*swift, "--kv-cache-dtype", "int8"], 2.0),
+        Worker("swiftlm bf16 kv fp8", [*swift, "--kv-cache-dtype", "fp8"], 2.0),
         Worker("transformers bf16", [py, str(WORKER), "hf", model, "--threads", str(args.threads)], 2.0),
     ]
     for label, file, extra, bpw in (
         ("llama.cpp BF16", f"{name}-bf16.gguf", [], 2.0),
         ("llama.cpp BF16 fa", f"{name}-bf16.gguf", ["--flash-attn"], 2.0),
+        ("llama.cpp BF16 fa kv q8_0", f"{name}-bf16.gguf", ["--flash-attn", "--kv-cache-dtype", "q8_0"], 2.0),
         ("llama.cpp Q8_0", f"{name}-q8_0.gguf", ["--no-extra-bufts"], 34 / 32),
         ("llama.cpp Q4_0", f"{name}-q4_0.gguf", ["--no-extra-bufts"], 18 / 32),
     ):
@@ -131,10 +134,16 @@ def ratios(records: list[dict], prompts: list[int]) -> list[str]:
     out = []
     for p in prompts:
         best_bf16 = best([m("llama.cpp BF16", p, "decode_tok_s"), m("llama.cpp BF16 fa", p, "decode_tok_s")], max)
+        # llama.cpp's best bf16-weight decode, its 8-bit KV cache included
+        best_any = best([best_bf16, m("llama.cpp BF16 fa kv q8_0", p, "decode_tok_s")], max)
         best_ttft = best([m("llama.cpp BF16", p, "ttft_s"), m("llama.cpp BF16 fa", p, "ttft_s")], min)
         parts = [
             ("bf16 decode swiftlm / llama.cpp BF16 (best of fa off/on)", m("swiftlm bf16", p, "decode_tok_s") / best_bf16),
             ("TTFT swiftlm / llama.cpp BF16", m("swiftlm bf16", p, "ttft_s") / best_ttft),
+            ("bf16 kv int8 decode / llama.cpp best bf16 (kv q8_0 included)",
+             m("swiftlm bf16 kv int8", p, "decode_tok_s") / best_any),
+            ("bf16 kv fp8 decode / llama.cpp best bf16 (kv q8_0 included)",
+             m("swiftlm bf16 kv fp8", p, "decode_tok_s") / best_any),
             ("int8 / Q8_0 decode", m("swiftlm int8", p, "decode_tok_s") / m("llama.cpp Q8_0", p, "decode_tok_s")),
             ("int4 / Q4_0 decode", m("swiftlm int4", p, "decode_tok_s") / m("llama.cpp Q4_0", p, "decode_tok_s")),
             ("int8 TTFT / llama.cpp BF16 TTFT", m("swiftlm int8", p, "ttft_s") / best_ttft),

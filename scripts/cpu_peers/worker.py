@@ -29,7 +29,7 @@ def swiftlm_engine(args: argparse.Namespace):
 
     torch.set_num_threads(args.threads)
     llm = LLM(args.model, dtype="bfloat16", quantization=args.quantization, kv_cache_memory=1 << 30,
-              enable_prefix_caching=False, max_model_len=4096)
+              enable_prefix_caching=False, max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype or "auto")
 
     def run(prompt: list[int], decode: int) -> tuple[float, float]:
         params = SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True)
@@ -89,8 +89,11 @@ def llama_engine(args: argparse.Namespace):
         disable_extra_bufts()
     from llama_cpp import Llama
 
+    kv = {}
+    if args.kv_cache_dtype == "q8_0":  # llama.cpp's 8-bit KV cache (GGML_TYPE_Q8_0 = 8; V needs flash attention)
+        kv = {"type_k": 8, "type_v": 8}
     llm = Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
-                n_threads_batch=args.threads, flash_attn=args.flash_attn, logits_all=False, verbose=False)
+                n_threads_batch=args.threads, flash_attn=args.flash_attn, logits_all=False, verbose=False, **kv)
 
     n_vocab = llm.n_vocab()
 
@@ -116,6 +119,7 @@ def main() -> None:
     parser.add_argument("engine", choices=("swiftlm", "hf", "llama"))
     parser.add_argument("model")
     parser.add_argument("--quantization")
+    parser.add_argument("--kv-cache-dtype", help="swiftlm: auto|int8|fp8|fp8_e5m2; llama: q8_0 (with --flash-attn)")
     parser.add_argument("--flash-attn", action="store_true")
     parser.add_argument("--no-extra-bufts", action="store_true")
     parser.add_argument("--threads", type=int, default=2)

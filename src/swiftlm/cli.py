@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from swiftlm.config import (
     DTYPE_CHOICES,
+    KV_CACHE_DTYPES,
     CacheConfig,
     EngineConfig,
     SchedulerConfig,
     ServerConfig,
+    SpeculativeConfig,
     parse_json_object,
 )
 
@@ -118,6 +120,9 @@ def _add_serve(sub: Any) -> None:
     e.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default: 16)")
     e.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
                    help="KV cache size, e.g. 2GiB (default: a share of free memory)")
+    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="K/V storage: auto = the model's dtype; int8, fp8 (= fp8_e4m3), fp8_e5m2 = 8 bits with a "
+                        "scale per token and head (half the memory and the bytes decode reads)")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of shared prompt prefixes (default: on)")
     e.add_argument("--session-ttl", type=float, default=600.0, metavar="SECONDS",
@@ -178,6 +183,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
     cache = CacheConfig(
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=args.enable_prefix_caching,
         session_ttl=args.session_ttl,
@@ -196,6 +202,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         cpu_kernels=args.cpu_kernels, cpu_prepack={"auto": None, "on": True, "off": False}[args.cpu_prepack],
         chat_template=read_chat_template(args.chat_template), gguf_file=args.gguf_file,
         generation_overrides=_generation_overrides(args),
+        speculative=SpeculativeConfig.parse(args.speculative_config),
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:

@@ -121,6 +121,9 @@ class ModelConfig:
         return cls.from_dict(json.loads(path.read_text()))
 
 
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype names
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The paged KV cache: block size and how much memory its pools may take."""
@@ -136,8 +139,13 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     session_ttl: float = 600.0  # seconds an idle session keeps its KV
     max_session_tokens: int | None = None  # global budget of pinned session tokens; None: half the pool
+    # vLLM's --kv-cache-dtype: auto (the model's dtype) | int8 | fp8 (= fp8_e4m3) | fp8_e4m3 | fp8_e5m2:
+    # 8-bit K/V with a float32 scale per (token, head), see backends/kv_quant.py
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
         if not 0.0 < self.memory_fraction <= 0.95:
@@ -206,6 +214,90 @@ class SchedulerConfig:
         return max(1, math.floor(self.background_max_tokens_share * self.max_num_batched_tokens))
 
 
+SPECULATIVE_METHODS = ("ngram",)
+_VLLM_NGRAM_DEFAULT = 5  # vLLM's prompt_lookup_min and _max when neither is given
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding without a draft model: prompt lookup (vLLM's ``"ngram"`` method).
+
+    Each step a decoding request looks up its last ``prompt_lookup_max`` .. ``prompt_lookup_min``
+    tokens (longest first) earlier in its prompt and output, proposes the ``num_speculative_tokens``
+    tokens that followed, and the model checks them all in one forward. vLLM's defaults: neither
+    bound given -> both 5; one given -> the other equals it.
+
+    swiftlm's own keys: a request whose drafts keep being rejected stops proposing. After every
+    ``acceptance_window`` proposals, an acceptance rate (accepted / proposed draft tokens) below
+    ``min_acceptance_rate`` pauses it for ``backoff_steps`` decode steps, doubled on each further
+    failure (up to 16x). ``disable_by_batch_size`` (vLLM's): no proposals while more requests than
+    this are running (None: always propose)."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    disable_by_batch_size: int | None = None
+    acceptance_window: int = 8
+    min_acceptance_rate: float = 0.2
+    backoff_steps: int = 32
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative method {self.method!r} is not supported; swiftlm supports "
+                              f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)} (prompt lookup, no draft model)")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size",
+                     "acceptance_window", "backoff_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"speculative {name} must be an integer, got {value!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ConfigError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is None and high is None:
+            low = high = _VLLM_NGRAM_DEFAULT
+        low = high if low is None else low
+        high = low if high is None else high
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
+        if not 1 <= low <= high:  # type: ignore[operator]
+            raise ConfigError(f"prompt_lookup_min ({low}) must be >= 1 and at most prompt_lookup_max ({high})")
+        if high > 32:  # type: ignore[operator]
+            raise ConfigError(f"prompt_lookup_max must be at most 32, got {high}")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ConfigError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
+        if self.acceptance_window < 1 or self.backoff_steps < 1:
+            raise ConfigError("acceptance_window and backoff_steps must be >= 1, got "
+                              f"{self.acceptance_window}, {self.backoff_steps}")
+        if not 0.0 <= self.min_acceptance_rate <= 1.0:
+            raise ConfigError(f"min_acceptance_rate must be in [0, 1], got {self.min_acceptance_rate}")
+
+    @classmethod
+    def parse(cls, value: str | dict[str, Any] | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """From ``--speculative-config``'s JSON (or the same as a dict, as ``LLM(speculative_config=...)``
+        takes it); None stays None. vLLM's older ``{"model": "[ngram]"}`` names the method too."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        spec = parse_json_object(value, "--speculative-config") if isinstance(value, str) else dict(value)
+        model = spec.pop("model", None)
+        if model in ("ngram", "[ngram]"):
+            spec.setdefault("method", "ngram")
+        elif model is not None:
+            raise ConfigError(f"speculative model {model!r}: draft models are not supported; swiftlm supports "
+                              '"method": "ngram" (prompt lookup), which needs no model')
+        if spec.get("method") == "[ngram]":
+            spec["method"] = "ngram"
+        if "method" not in spec:
+            raise ConfigError('the speculative config needs a "method"; swiftlm supports "ngram"')
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ConfigError(f"unknown speculative config keys: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "num_speculative_tokens" not in spec:
+            raise ConfigError("the speculative config needs num_speculative_tokens (the draft length, e.g. 3)")
+        return cls(**spec)
+
+
 QUANTIZATIONS = ("int8", "int4")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # the command line's --dtype
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -234,6 +326,7 @@ class EngineConfig:
     # a GGUF file in the hub repo ``model`` names (downloaded with hf_hub_download); None: ``model`` is
     # a Hugging Face directory or hub id, a .gguf path, a directory holding one .gguf, or "repo:QUANT"
     gguf_file: str | None = None
+    speculative: SpeculativeConfig | None = None  # speculative decoding (prompt lookup); None: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # vLLM's "half", "float"

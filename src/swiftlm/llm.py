@@ -10,7 +10,14 @@ from typing import Any
 from tqdm import tqdm
 
 from swiftlm.backends import Backend
-from swiftlm.config import REASONING_PARSERS, CacheConfig, ConfigError, EngineConfig, SchedulerConfig
+from swiftlm.config import (
+    REASONING_PARSERS,
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
@@ -22,7 +29,7 @@ Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
 _SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
 _ENGINE_KEYS = {"seed", "quantization", "cpu_prepack", "cpu_kernels", "cpu_disable_kernels", "chat_template",
-                "gguf_file", "generation_overrides"}
+                "gguf_file", "generation_overrides", "speculative_config"}
 # vLLM's LLM(...) arguments that change nothing here, and why (accepted so vLLM code runs as written)
 VLLM_NO_OPS = {
     "enable_reasoning": "the offline API returns the text as generated, <think> included, as vLLM's does",
@@ -51,7 +58,8 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
 
     Besides the fields of CacheConfig and SchedulerConfig (``max_model_len``, ``block_size``,
     ``gpu_memory_utilization``, ``max_num_seqs`` ...), vLLM's constructor names are accepted:
-    ``reasoning_parser`` (one of REASONING_PARSERS; the offline text keeps its reasoning inline
+    ``speculative_config`` (vLLM's: a dict such as ``{"method": "ngram", "num_speculative_tokens": 3,
+    "prompt_lookup_max": 4}``, its JSON text, or a SpeculativeConfig), ``reasoning_parser`` (one of REASONING_PARSERS; the offline text keeps its reasoning inline
     either way), ``tokenizer`` (None or the model itself), the no-ops of ``VLLM_NO_OPS`` and the
     fixed values of ``_VLLM_FIXED``. Anything else is a TypeError listing what is known.
     """
@@ -71,6 +79,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         cpu_disable_kernels=tuple(kwargs.get("cpu_disable_kernels", ())),
         cache=cache, scheduler=sched, chat_template=kwargs.get("chat_template"), gguf_file=kwargs.get("gguf_file"),
         generation_overrides=dict(kwargs.get("generation_overrides") or {}),
+        speculative=SpeculativeConfig.parse(kwargs.get("speculative_config")),
     )
 
 

@@ -88,6 +88,9 @@ class SamplingParams:
     # StructuredOutputsParams / GuidedDecodingParams shape (an object or a dict), converted
     structured_outputs: StructuredOutput | None = None
     guided_decoding: Any = None  # vLLM's older name: read into structured_outputs, then None
+    # swiftlm's: speculative decoding for this request (an engine with a speculative config): None
+    # the engine's draft length, 0 off, k at most k draft tokens a step (capped by the engine's)
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.guided_decoding is not None:
@@ -144,6 +147,10 @@ class SamplingParams:
                 f"or equal to n ({self.n}); for more candidates raise n",
             ),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (
+                self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
+                f"num_speculative_tokens must be non-negative, got {self.num_speculative_tokens}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

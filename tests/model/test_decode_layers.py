@@ -119,7 +119,7 @@ def test_bad_slot_is_an_error_not_a_write(kernels: CpuKernels, tiny_model_dir: P
         layers.op(residual, h, torch.tensor([0]), torch.tensor([num_slots]), torch.zeros(1, 1, dtype=torch.long),
                   torch.tensor([1]), layers.weights, k_pools, v_pools, layers.cos, layers.sin, layers.n_heads,
                   layers.n_kv_heads, layers.eps, layers.scale, layers.gemv_max_rows, layers.max_rows, layers.kind,
-                  layers.quant, layers.intermediate)
+                  layers.quant, layers.intermediate, [], [])
     assert all(torch.equal(a, b) for a, b in zip(before, k_pools, strict=True))
 
 

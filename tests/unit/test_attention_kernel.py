@@ -157,5 +157,47 @@ def test_rejects_bad_inputs(op) -> None:
         op(q, k_pool, v_pool, tables + 1000, lens, 0.125)
     with pytest.raises(RuntimeError, match="does not fit"):
         op(q, k_pool, v_pool, tables, lens + 10_000, 0.125)
-    with pytest.raises(RuntimeError, match="share one dtype"):
+    with pytest.raises(RuntimeError, match="share q.s dtype"):
         op(q, k_pool.bfloat16(), v_pool.bfloat16(), tables, lens, 0.125)
+
+
+# -- 8-bit pools (the small KV cache): the kernel against the oracle on the dequantised pools --------
+
+
+def quantised_case(seq_lens, hq, hkv, d, dtype, name, block_size=16, seed=0):
+    """make_case's pools quantised as the engine stores them, with their scale pools."""
+    from swiftlm.backends.kv_quant import kv_format, quantize_kv
+
+    q, k_pool, v_pool, tables, lens = make_case(seq_lens, hq, hkv, d, dtype, block_size=block_size, seed=seed)
+    fmt = kv_format(name)
+    n, bs = k_pool.shape[:2]
+    (kq, ks), (vq, vs) = (quantize_kv(p.view(-1, hkv, d), fmt) for p in (k_pool, v_pool))
+    return q, kq.view(n, bs, hkv, d), vq.view(n, bs, hkv, d), ks.view(n, bs, hkv), vs.view(n, bs, hkv), tables, lens
+
+
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("hq", "hkv", "d", "block_size"), [(16, 8, 128, 16), (4, 1, 64, 16), (6, 2, 48, 8),
+                                                           (12, 12, 16, 16), (18, 2, 32, 16), (9, 3, 64, 32)])
+def test_eight_bit_pools_match_oracle_on_dequantised_pools(op, name, dtype, hq, hkv, d, block_size) -> None:
+    from swiftlm.backends.kv_quant import dequantize_kv
+
+    q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, dtype, name, block_size=block_size)
+    out = op(q, kq, vq, tables, lens, d**-0.5, ks, vs)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = oracle(q, dequantize_kv(kq, ks, torch.float64), dequantize_kv(vq, vs, torch.float64), tables, lens, d**-0.5)
+    err = (out.double() - ref).abs().max().item()
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert err <= tol, f"max abs diff {err:.3g} > {tol}: {name} Hq={hq} Hkv={hkv} D={d} bs={block_size} {dtype}"
+
+
+def test_eight_bit_pools_need_their_scales(op) -> None:
+    q, kq, vq, ks, vs, tables, lens = quantised_case([20], 4, 2, 64, torch.float32, "int8")
+    with pytest.raises(RuntimeError, match="go with 8-bit pools"):
+        op(q, kq, vq, tables, lens, 0.125)
+    with pytest.raises(RuntimeError, match="go with 8-bit pools"):
+        op(q, kq.float(), vq.float(), tables, lens, 0.125, ks, vs)
+    with pytest.raises(RuntimeError, match="scale pools must be"):
+        op(q, kq, vq, tables, lens, 0.125, ks[:, :, :1].contiguous(), vs)
+    with pytest.raises(RuntimeError, match="share q's dtype, or one 8-bit dtype"):
+        op(q, kq, vq.view(torch.float8_e4m3fn), tables, lens, 0.125, ks, vs)

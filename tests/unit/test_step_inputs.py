@@ -11,10 +11,12 @@ from swiftlm.runner.inputs import build_step_inputs
 BS = 4  # block size
 
 
-def scheduled(computed: int, new: int, blocks: list[int], samples: bool = True) -> SimpleNamespace:
+def scheduled(
+    computed: int, new: int, blocks: list[int], samples: bool = True, drafts: tuple[int, ...] = ()
+) -> SimpleNamespace:
     tokens = list(range(100 * len(blocks), 100 * len(blocks) + computed + new))
     request = SimpleNamespace(num_computed_tokens=computed, all_token_ids=tokens, block_ids=blocks, prompt_logprobs=None)
-    return SimpleNamespace(request=request, num_new_tokens=new, samples=samples)
+    return SimpleNamespace(request=request, num_new_tokens=new, samples=samples, draft_token_ids=drafts)
 
 
 def scoring(computed: int, new: int, prompt: list[int], scored: int, top_k: int = 1) -> SimpleNamespace:
@@ -80,3 +82,16 @@ def test_recompute_after_preemption_skips_scored_tokens() -> None:
     assert (rows.start, rows.targets) == (4, prompt[5:7])
     done = build_step_inputs([scoring(0, 7, prompt, scored=7)], BS)
     assert done.prompt_rows == []
+
+
+def test_draft_tokens_follow_the_last_token_and_every_row_of_them_samples() -> None:
+    # r0 decodes with 3 drafts (a 4-row chunk over its cached context), r1 decodes plainly
+    steps = [scheduled(6, 1, [1, 2, 3], drafts=(71, 72, 73)), scheduled(9, 1, [4, 5, 6])]
+    got = build_step_inputs(steps, BS)
+    assert got.input_ids.tolist() == [steps[0].request.all_token_ids[6], 71, 72, 73, steps[1].request.all_token_ids[9]]
+    assert got.positions.tolist() == [6, 7, 8, 9, 9]
+    meta = got.attention
+    assert meta.query_start == [0, 4, 5] and meta.seq_lens == [10, 10]
+    assert meta.slot_mapping.tolist() == [2 * BS + 2, 2 * BS + 3, 3 * BS + 0, 3 * BS + 1, 6 * BS + 1]
+    assert meta.decode_rows == [1] and meta.prefill_rows == [0]
+    assert got.logits_indices.tolist() == [0, 1, 2, 3, 4] and got.sampling_requests == [0, 0, 0, 0, 1]

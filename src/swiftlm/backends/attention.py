@@ -86,9 +86,8 @@ class DenseAttention:
         self._kv.pop(request_id, None)
 
 
-DecodeKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
-]
+# (q, k_pool, v_pool, block_tables, seq_lens, scale, k_scales, v_scales) -> out; scales None: unscaled pools
+DecodeKernel = Callable[..., torch.Tensor]
 
 
 class PagedAttention:
@@ -103,7 +102,8 @@ class PagedAttention:
     def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None) -> None:
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
-        self._pools = kv_cache.pools()  # fixed for the cache's life: every layer's K and V pools
+        # fixed for the cache's life: every layer's K and V pools and scale pools
+        self._pools = (*kv_cache.pools(), *kv_cache.scale_pools())
 
     def bind(self, meta: AttentionMetadata) -> BoundPagedAttention:
         decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel) if meta.decode_rows else None
@@ -120,6 +120,8 @@ class DecodeOnlyStep:
     seq_lens: torch.Tensor  # [T] int64
     k_pools: list[torch.Tensor]  # per layer [num_blocks, block_size, Hkv, D]
     v_pools: list[torch.Tensor]
+    k_scales: list[torch.Tensor]  # per layer [num_blocks, block_size, Hkv] float32; empty: unscaled pools
+    v_scales: list[torch.Tensor]
 
 
 class BoundAttention(Protocol):
@@ -137,33 +139,32 @@ class BoundPagedAttention:
 
     def __init__(
         self, kv_cache: KVCache, meta: AttentionMetadata, decode: _DecodeBatch | None,
-        pools: tuple[list[torch.Tensor], list[torch.Tensor]],
+        pools: tuple[list[torch.Tensor], ...],
     ) -> None:
         self.kv_cache, self.meta, self.decode = kv_cache, meta, decode
         self.decode_only: DecodeOnlyStep | None = None
         if decode is not None and decode.whole_batch and decode.kernel is not None:
-            k_pools, v_pools = pools
-            self.decode_only = DecodeOnlyStep(meta.slot_mapping, decode.block_tables, decode.seq_lens, k_pools, v_pools)
+            k_pools, v_pools, k_scales, v_scales = pools
+            self.decode_only = DecodeOnlyStep(meta.slot_mapping, decode.block_tables, decode.seq_lens, k_pools, v_pools,
+                                              k_scales, v_scales)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        meta, decode = self.meta, self.decode
-        k_pool, v_pool = self.kv_cache.layer(layer)  # [num_blocks, block_size, Hkv, D]
-        n_kv, d = k_pool.shape[2], k_pool.shape[3]
-        k_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
-        v_pool.view(-1, n_kv, d).index_copy_(0, meta.slot_mapping, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
+        meta, decode, cache = self.meta, self.decode, self.kv_cache
+        cache.store(layer, meta.slot_mapping, k, v)
         if decode is not None and decode.whole_batch:  # decode-only step: no gather or scatter
-            return decode.attend(q, k_pool, v_pool)
-        bs = self.kv_cache.block_size
+            return decode.attend(q, cache, layer)
+        bs = cache.block_size
         out = torch.empty_like(q)
         for r in meta.prefill_rows:
             lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
             n_blocks = (seq_len + bs - 1) // bs
-            blocks = meta.block_tables[r, :n_blocks]
-            k_ctx = k_pool[blocks].view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]
-            v_ctx = v_pool[blocks].view(-1, n_kv, d)[:seq_len]
+            k_blocks, v_blocks = cache.gather(layer, meta.block_tables[r, :n_blocks])  # [n_blocks, bs, Hkv, D]
+            n_kv, d = k_blocks.shape[2], k_blocks.shape[3]
+            k_ctx = k_blocks.view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]
+            v_ctx = v_blocks.view(-1, n_kv, d)[:seq_len]
             out[lo:hi] = causal_attention(q[lo:hi], k_ctx, v_ctx)
         if decode is not None:
-            out[decode.rows] = decode.attend(q[decode.rows], k_pool, v_pool)
+            out[decode.rows] = decode.attend(q[decode.rows], cache, layer)
         return out
 
 
@@ -193,14 +194,19 @@ class _DecodeBatch:
         return cls(rows=torch.tensor(starts), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
                    kernel=kernel, whole_batch=whole)
 
-    def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         # q: [B, Hq, D] -> gathered keys [B, max_blocks * block_size, Hkv, D]
         if self.kernel is not None:
-            return self.kernel(q.contiguous(), k_pool, v_pool, self.block_tables, self.seq_lens, q.shape[-1] ** -0.5)
+            k_pool, v_pool = cache.layer(layer)
+            scales = cache.layer_scales(layer)
+            k_scale, v_scale = scales if scales is not None else (None, None)
+            return self.kernel(q.contiguous(), k_pool, v_pool, self.block_tables, self.seq_lens, q.shape[-1] ** -0.5,
+                               k_scale, v_scale)
         b = q.shape[0]
-        n_kv, d = k_pool.shape[2], k_pool.shape[3]
-        k = k_pool[self.block_tables].view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]
-        v = v_pool[self.block_tables].view(b, -1, n_kv, d).transpose(1, 2)
+        k_blocks, v_blocks = cache.gather(layer, self.block_tables)  # [B, max_blocks, bs, Hkv, D]
+        n_kv, d = k_blocks.shape[-2], k_blocks.shape[-1]
+        k = k_blocks.view(b, -1, n_kv, d).transpose(1, 2)  # [B, Hkv, L, D]
+        v = v_blocks.view(b, -1, n_kv, d).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=self.mask, enable_gqa=True
         )  # [B, Hq, 1, D]

@@ -30,6 +30,7 @@ import torch
 
 from swiftlm.backends.attention import PagedAttention
 from swiftlm.backends.kv_cache import KVCache
+from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.config import ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
@@ -58,9 +59,10 @@ class Backend(ABC):
         """Transform ``model`` (in place) for this device, once, before the first step."""
 
     def allocate_kv_cache(
-        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
     ) -> KVCache:
-        return KVCache(model, num_blocks, block_size, dtype, self.device)
+        """The pools; ``fmt``: the small KV cache's format (None: ``dtype`` values)."""
+        return KVCache(model, num_blocks, block_size, dtype, self.device, fmt=fmt)
 
     def attention(self, kv_cache: KVCache) -> PagedAttention:
         """Attention over ``kv_cache`` for the steps of the model this backend prepared."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from swiftlm.backends.kv_quant import KVFormat, dequantize_kv, kv_format, quantize_kv
 from swiftlm.config import CacheConfig, ModelConfig
 
 # Without an explicit kv_cache_memory the pool takes at most this much (about 18k tokens of
@@ -20,10 +21,13 @@ DEFAULT_MAX_KV_BYTES = 2 * 1024**3
 GPU_ACTIVATION_RESERVE = 512 * 1024**2
 
 
-def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """K and V of every layer for ``block_size`` tokens."""
-    per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim
-    return per_token * block_size * torch.empty((), dtype=dtype).element_size()
+def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None) -> int:
+    """K and V of every layer for ``block_size`` tokens: ``dtype`` values, or ``fmt``'s bytes and
+    a float32 scale per (token, head)."""
+    rows = 2 * model.num_hidden_layers * model.num_key_value_heads * block_size  # (token, head) rows of K and V
+    if fmt is not None:
+        return rows * (model.head_dim + 4)
+    return rows * model.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def available_memory_bytes() -> int:
@@ -71,7 +75,7 @@ def num_blocks_for(
     if cache.num_blocks is not None:
         return cache.num_blocks
     budget = cache.kv_cache_memory
-    per_block = bytes_per_block(model, cache.block_size, dtype)
+    per_block = bytes_per_block(model, cache.block_size, dtype, kv_format(cache.kv_cache_dtype))
     if budget is None and cache.gpu_memory_utilization is not None and device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
         budget = gpu_kv_budget(cache.gpu_memory_utilization, total, free, torch.cuda.memory_reserved(device))
@@ -93,31 +97,70 @@ class KVCache:
 
     Block ``b`` holds positions ``b * block_size ... b * block_size + block_size - 1`` of the
     flattened pool, which is what a slot index (``block_id * block_size + offset``) addresses.
+    With a ``fmt`` (the small KV cache, ``kv_quant.py``) the pools hold its 8-bit values and every
+    layer has K and V scale pools ``[num_blocks, block_size, n_kv_heads]`` float32 beside them;
+    ``dtype`` is then the dtype attention computes in (the model's).
     """
 
     def __init__(
         self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str = "cpu",
-        allocate: PoolAllocator | None = None,
+        allocate: PoolAllocator | None = None, fmt: KVFormat | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.fmt = fmt
         shape = (num_blocks, block_size, model.num_key_value_heads, model.head_dim)
         n = model.num_hidden_layers
         if allocate is None:
-            pools = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * n)]
-        else:
-            pools = allocate([shape] * (2 * n), dtype)
+            def allocate(shapes: Sequence[tuple[int, ...]], dt: torch.dtype) -> list[torch.Tensor]:
+                return [torch.zeros(s, dtype=dt, device=device) for s in shapes]
+        pools = allocate([shape] * (2 * n), dtype if fmt is None else fmt.storage)
         self._k, self._v = pools[:n], pools[n:]
+        self._k_scale: list[torch.Tensor] = []
+        self._v_scale: list[torch.Tensor] = []
+        if fmt is not None:
+            scales = allocate([shape[:3]] * (2 * n), torch.float32)
+            self._k_scale, self._v_scale = scales[:n], scales[n:]
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._k[layer], self._v[layer]
+
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The layer's K and V scale pools ``[num_blocks, block_size, n_kv_heads]``; None when unscaled."""
+        return (self._k_scale[layer], self._v_scale[layer]) if self.fmt is not None else None
 
     def pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Every layer's K pools and V pools (the tensors themselves, not copies)."""
         return list(self._k), list(self._v)
 
+    def scale_pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every layer's K and V scale pools (empty lists when the cache is not quantised)."""
+        return list(self._k_scale), list(self._v_scale)
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write k, v [T, Hkv, D] at the flat slots [T] of the layer's pools (quantised when the cache is)."""
+        k_pool, v_pool = self._k[layer], self._v[layer]
+        n_kv, d = k_pool.shape[2], k_pool.shape[3]
+        if self.fmt is None:
+            k_pool.view(-1, n_kv, d).index_copy_(0, slots, k if k.dtype == k_pool.dtype else k.to(k_pool.dtype))
+            v_pool.view(-1, n_kv, d).index_copy_(0, slots, v if v.dtype == v_pool.dtype else v.to(v_pool.dtype))
+            return
+        for x, pool, scales in ((k, k_pool, self._k_scale[layer]), (v, v_pool, self._v_scale[layer])):
+            q, s = quantize_kv(x, self.fmt)
+            # as bytes: torch copies float8 by index only that way
+            pool.view(torch.uint8).view(-1, n_kv, d).index_copy_(0, slots, q.view(torch.uint8))
+            scales.view(-1, n_kv).index_copy_(0, slots, s)
+
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``blocks`` (any index shape ``[...]``) as ``[..., block_size, Hkv, D]`` in ``dtype``."""
+        k_pool, v_pool = self._k[layer], self._v[layer]
+        if self.fmt is None:
+            return k_pool[blocks], v_pool[blocks]
+        storage = self.fmt.storage
+        return (dequantize_kv(k_pool.view(torch.uint8)[blocks].view(storage), self._k_scale[layer][blocks], self.dtype),
+                dequantize_kv(v_pool.view(torch.uint8)[blocks].view(storage), self._v_scale[layer][blocks], self.dtype))
+
     def copy_block(self, src: int, dst: int) -> None:
-        for k, v in zip(self._k, self._v, strict=True):
-            k[dst].copy_(k[src])
-            v[dst].copy_(v[src])
+        for pool in (*self._k, *self._v, *self._k_scale, *self._v_scale):
+            pool[dst].copy_(pool[src])

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from swiftlm.backends.kv_cache import bytes_per_block
 from swiftlm.bench.bandwidth import BandwidthProbe
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.engine import Engine
@@ -65,8 +66,9 @@ def streamed_weight_bytes(engine: Engine) -> int:
 
 
 def kv_bytes_per_token(engine: Engine) -> int:
-    c = engine.model.config
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * engine.kv_cache.layer(0)[0].element_size()
+    """K and V of one token, every layer (8-bit caches: values and scales)."""
+    cache = engine.kv_cache
+    return bytes_per_block(engine.model.config, 1, cache.dtype, cache.fmt)
 
 
 def run_point(engine: Engine, probe: BandwidthProbe, batch: int, context: int, decode_tokens: int, seed: int) -> EnginePoint:

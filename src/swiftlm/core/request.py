@@ -68,6 +68,10 @@ class Request:
     grammar: Any = None
     grammar_start: int | None = 0
     cumulative_logprob: float = 0.0
+    # speculative decoding: the tokens proposed to follow ``all_token_ids`` this step (set by the
+    # engine's proposer before scheduling; the scheduler may take fewer), and the proposer's state
+    draft_token_ids: list[int] = field(default_factory=list)
+    speculation: Any = None
     # the lead sequence of a request with ``prompt_logprobs``: one entry per prompt token scored so
     # far (the first is None: nothing predicts it); None for every other request
     prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -11,6 +11,14 @@ from swiftlm.core.request import Request
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # computes all_token_ids[num_computed : num_computed + num_new_tokens]
+    # speculative decoding: guessed tokens after those, computed in the same step (a decoding
+    # request only); the rows at the last real token and at each draft token all sample
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        """Query rows this request adds to the step: its new tokens and its draft tokens."""
+        return self.num_new_tokens + len(self.draft_token_ids)
 
     @property
     def samples(self) -> bool:
@@ -28,7 +36,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        return sum(s.num_rows for s in self.scheduled)
 
     def __bool__(self) -> bool:
         return bool(self.scheduled)

@@ -12,6 +12,7 @@ import torch
 
 from swiftlm.backends import Backend, build_backend
 from swiftlm.backends.kv_cache import num_blocks_for
+from swiftlm.backends.kv_quant import kv_format
 from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
@@ -20,6 +21,7 @@ from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.core.request import FinishReason, Request
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
+from swiftlm.engine.speculation import Speculator
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
 from swiftlm.platform import resolve_dtype
 from swiftlm.runner.runner import ModelRunner, SampledToken
@@ -73,6 +75,12 @@ class EngineStats:
     num_failed_steps: int = 0
     num_failed_rows: int = 0
     healthy: bool = True
+    # speculative decoding (zero without it): verified drafts, their tokens, those accepted (also
+    # by position in the draft: [num_speculative_tokens])
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +127,19 @@ class Engine:
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
         kv_dtype = self.model.model.embed_tokens.weight.dtype
         num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens, config.device)
-        self.kv_cache = self.backend.allocate_kv_cache(mcfg, num_blocks, cache.block_size, kv_dtype)
+        self.kv_cache = self.backend.allocate_kv_cache(
+            mcfg, num_blocks, cache.block_size, kv_dtype, kv_format(cache.kv_cache_dtype)
+        )
         self.kv = KVCacheManager(
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.speculator = Speculator(config.speculative, self.max_model_len) if config.speculative else None
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
-        warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, sched.max_num_seqs)
+        # rows that sample: one per running request, 1 + K of each speculating one
+        draft = config.speculative.num_speculative_tokens if config.speculative else 0
+        head_rows = min(sched.max_num_batched_tokens, sched.max_num_seqs * (1 + draft))
+        warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, head_rows)
         self._parents: dict[str, _Parent] = {}
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
         self.num_aborted = 0
@@ -138,8 +152,9 @@ class Engine:
         start = self.tokenizer.think_start_id
         self._think_start_ids = (start, *self.tokenizer.encode("\n\n")) if start is not None else ()
         logger.info(
-            "engine ready: %s dtype=%s blocks=%d x %d tokens, max_model_len=%d, load %.2fs",
-            self.model_dir, self.dtype, num_blocks, cache.block_size, self.max_model_len, self.load_seconds,
+            "engine ready: %s dtype=%s blocks=%d x %d tokens (kv cache %s), max_model_len=%d, load %.2fs",
+            self.model_dir, self.dtype, num_blocks, cache.block_size, cache.kv_cache_dtype, self.max_model_len,
+            self.load_seconds,
         )
         logger.info("%s", self.backend.describe())
         if warmed:
@@ -232,6 +247,9 @@ class Engine:
         for tid in (*params.logit_bias, *params.stop_token_ids):
             if not 0 <= tid < vocab:
                 raise RequestError(f"token id {tid} is outside the vocabulary of {vocab}")
+        if params.num_speculative_tokens and self.speculator is None:
+            raise RequestError("num_speculative_tokens: speculative decoding is off in this engine (start it with "
+                               "--speculative-config, or LLM(speculative_config=...))")
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request at once and free its blocks. Returns its final output, if it existed."""
@@ -265,6 +283,7 @@ class Engine:
         return bool(self._parents)
 
     def stats(self) -> EngineStats:
+        spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -277,6 +296,10 @@ class Engine:
             num_failed_steps=self.num_failed_steps,
             num_failed_rows=self.num_failed_rows,
             healthy=self.fatal_error is None,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
         )
 
     def kv_report(self) -> KvReport:
@@ -301,6 +324,8 @@ class Engine:
         """Run one scheduled step; return an output delta for every request with news."""
         now = time.monotonic()
         self.kv.sessions.expire(now)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
         touched: list[Request] = []
         for request in plan.timed_out:
@@ -311,7 +336,12 @@ class Engine:
         return self._collect(touched)
 
     def _execute(self, plan: SchedulerOutput) -> list[Request]:
-        rows = [self._sampling_row(s.request) for s in plan.scheduled if s.samples]
+        rows: list[SamplingRow] = []
+        for s in plan.scheduled:
+            if s.samples:
+                rows.append(self._sampling_row(s.request))
+                if s.draft_token_ids and self.speculator is not None:
+                    rows.extend(self.speculator.draft_rows(s.request, rows[-1], s.draft_token_ids))
         try:
             results = self.runner.execute(plan, rows)
         except Exception as exc:  # a failed step fails its requests, not the engine
@@ -342,7 +372,10 @@ class Engine:
             if scored is not None and request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(scored)
             if result is not None:
-                self._append(request, result, now)
+                if s.draft_token_ids:
+                    self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now)
+                else:
+                    self._append(request, result, now)
                 touched.append(request)
             elif request.sampling_params.max_tokens == 0 and request.num_computed_tokens >= request.num_tokens:
                 self.scheduler.finish(request, FinishReason.LENGTH, now)  # the prompt is all it asked for
@@ -371,6 +404,23 @@ class Engine:
             forced_token_id=forced,
             grammar=request.grammar if constrained and forced is None else None,
         )
+
+    def _append_verified(
+        self, request: Request, drafts: tuple[int, ...], sampled: list[SampledToken], now: float
+    ) -> None:
+        """Emit a speculating request's accepted draft tokens and the token after them
+        (``runner.spec_verify``), one at a time, until the request ends: tokens after a stop are
+        dropped. Its computed count grows by the accepted drafts only (rejected rows' KV is
+        overwritten later), so no block holding an unverified token is ever keyed."""
+        assert self.speculator is not None
+        accepted = self.speculator.verify(request, drafts, [t.token_id for t in sampled])
+        self._append(request, sampled[0], now)
+        for result in sampled[1 : accepted + 1]:
+            if request.is_finished:
+                break
+            request.num_computed_tokens += 1  # the accepted draft before ``result``: its KV is valid
+            self.kv.register_computed(request)
+            self._append(request, result, now)
 
     def _append(self, request: Request, result: SampledToken, now: float) -> None:
         token = result.token_id

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from swiftlm.cache.kv_manager import KVCacheManager
+from swiftlm.cache.kv_manager import KVCacheManager, blocks_for
 from swiftlm.config import SchedulerConfig
 from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import ScheduledRequest, SchedulerOutput
@@ -136,9 +136,12 @@ class Scheduler:
 
     def _schedule_running(self, budget: _Budget, out: SchedulerOutput) -> None:
         """Interactive decodes, interactive prefill chunks, then background ones: admission order
-        within each group (a stable sort of ``running``)."""
+        within each group (a stable sort of ``running``). A decode's speculative draft tokens
+        (``Request.draft_token_ids``) ride along in the budget left after one token for each
+        decode still to come (``_drafts``)."""
         order = sorted(self.running, key=lambda r: (r.background, r.is_prefilling))
         scheduled: set[int] = set()
+        decodes_left = sum(1 for r in order if not r.is_prefilling)  # each keeps one token of the budget
         for request in order:
             if budget.total == 0:
                 break
@@ -148,15 +151,29 @@ class Scheduler:
             if limit == 0:
                 continue  # the background share of this step is spent
             n = min(request.num_tokens - request.num_computed_tokens, limit)
-            while not self.kv.allocate_slots(request, n):
+            decodes_left -= not request.is_prefilling
+            drafts = self._drafts(request, limit - n - decodes_left)
+            while not drafts and not self.kv.allocate_slots(request, n):
                 victim = self._victim(scheduled)
                 self._preempt(victim, out)
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
-                out.scheduled.append(ScheduledRequest(request, n))
+                out.scheduled.append(ScheduledRequest(request, n, drafts))
                 scheduled.add(id(request))
-                budget.spend(request, n)
+                budget.spend(request, n + len(drafts))
+
+    def _drafts(self, request: Request, room: int) -> tuple[int, ...]:
+        """The draft tokens a decoding request computes this step: its proposal, cut to ``room``
+        budget tokens, and only if blocks for them are free without releasing a session or
+        preempting anyone (then its blocks are allocated); else none."""
+        drafts = tuple(request.draft_token_ids[: max(room, 0)])
+        if not drafts or request.is_prefilling:
+            return ()
+        need = blocks_for(request.num_tokens + len(drafts), self.kv.block_size) - len(request.block_ids)
+        if need > self.kv.pool.num_free_blocks or not self.kv.allocate_slots(request, 1 + len(drafts)):
+            return ()
+        return drafts
 
     def _victim(self, scheduled: set[int]) -> Request:
         """The running request, not yet scheduled this step, that gives way: background before

@@ -8,7 +8,8 @@ The step's tokens are the scheduled chunks of all requests, concatenated:
     query_start:  [0, 5, 6, 9]      seq_lens: [c0+5, c1+1, c2+3]      (c = tokens computed before)
 
 A token at position p of request r goes to slot ``block_ids[p // block_size] * block_size +
-p % block_size`` of the paged pools. Only requests that sample get a logits row, and the lead
+p % block_size`` of the paged pools. Only requests that sample get a logits row (a request with
+k draft tokens after its last token gets k + 1: one per position it verifies), and the lead
 sequence of a request with ``prompt_logprobs`` gets one more for each prompt row whose successor
 still needs scoring (``PromptRows``). The row at position q predicts the token at q + 1, so a
 chunk's last row scores the next chunk's first token:
@@ -44,8 +45,9 @@ class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     attention: AttentionMetadata
-    logits_indices: torch.Tensor  # [S] flat rows whose logits are sampled (last row of a request)
-    sampling_requests: list[int]  # [S] index into the scheduled list of each sampling request
+    # [S] flat rows whose logits are sampled: a request's last row, or its last k + 1 with k drafts
+    logits_indices: torch.Tensor
+    sampling_requests: list[int]  # [S] index into the scheduled list of each sampled row's request
     prompt_rows: list[PromptRows] = field(default_factory=list)  # empty unless a request asks
 
 
@@ -68,17 +70,20 @@ def build_step_inputs(
     for i, s in enumerate(scheduled):
         r, n = s.request, s.num_new_tokens
         c = r.num_computed_tokens
+        k = len(s.draft_token_ids)  # draft tokens after the real ones, at positions c + n .. c + n + k - 1
         blocks = r.block_ids
         ids.extend(r.all_token_ids[c : c + n])
-        positions.extend(range(c, c + n))
-        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(c, c + n))
-        query_start.append(query_start[-1] + n)
-        seq_lens.append(c + n)
-        (decode_rows if n == 1 else prefill_rows).append(i)
+        ids.extend(s.draft_token_ids)
+        positions.extend(range(c, c + n + k))
+        slots.extend(blocks[p // block_size] * block_size + p % block_size for p in range(c, c + n + k))
+        query_start.append(query_start[-1] + n + k)
+        seq_lens.append(c + n + k)
+        (decode_rows if n + k == 1 else prefill_rows).append(i)
         tables.append(blocks)
         if s.samples:
-            logits_rows.append(query_start[-1] - 1)
-            sampling.append(i)
+            # the last real token's row, then each draft's: k + 1 consecutive rows, in position order
+            logits_rows.extend(range(query_start[-1] - k - 1, query_start[-1]))
+            sampling.extend([i] * (k + 1))
         if r.prompt_logprobs is not None:
             # rows at positions [q0, q1) score prompt tokens q0 + 1 .. q1 not scored yet (after a
             # preemption the recompute skips those it already has)

@@ -44,6 +44,9 @@ class StepResult:
     # first, then the top tokens (only requests with prompt_logprobs appear)
     prompt_logprobs: dict[int, list[dict[int, float]]]
     failed: dict[int, str] = field(default_factory=dict)  # scheduled index -> why its row was not sampled
+    # scheduled index -> the tokens sampled at its draft rows, in order (requests with draft tokens:
+    # ``sampled`` holds the token at its last real token's row, these the k tokens after)
+    draft_samples: dict[int, list[SampledToken]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -69,17 +72,14 @@ class ModelRunner:
             self.fault_hook("forward", None)
         hidden = self.backend.forward(self.model, inputs.input_ids, inputs.positions, attention)
         prompt = {p.request: self._score_prompt(hidden, p) for p in inputs.prompt_rows}
-        failed: dict[int, str] = {}
-        sampled = self._sample(hidden, inputs, rows, len(step.scheduled), failed)
-        return StepResult(sampled, prompt, failed)
+        result = StepResult([None] * len(step.scheduled), prompt)
+        self._sample(hidden, inputs, rows, result)
+        return result
 
-    def _sample(
-        self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], num_scheduled: int,
-        failed: dict[int, str],
-    ) -> list[SampledToken | None]:
-        results: list[SampledToken | None] = [None] * num_scheduled
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], result: StepResult) -> None:
+        results, failed = result.sampled, result.failed
         if not inputs.sampling_requests:
-            return results
+            return
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32
         if self.fault_hook is not None:
             self.fault_hook("logits", logits)
@@ -89,6 +89,7 @@ class ModelRunner:
                 failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
             logits[bad] = 0.0  # sampled below like any row; the result is discarded
         out = self.sampler(logits, rows)
+        previous = -1
         for j, i in enumerate(inputs.sampling_requests):
             if i in failed:
                 continue
@@ -98,8 +99,11 @@ class ModelRunner:
                 logprobs = {token: out.logprobs[j]}
                 for tid, lp in out.top_logprobs[j] or ():
                     logprobs.setdefault(tid, lp)
-            results[i] = SampledToken(token, logprobs)
-        return results
+            if i == previous:  # a draft row: the request's rows are consecutive
+                result.draft_samples.setdefault(i, []).append(SampledToken(token, logprobs))
+            else:
+                results[i] = SampledToken(token, logprobs)
+            previous = i
 
     def _score_prompt(self, hidden: torch.Tensor, rows: PromptRows) -> list[dict[int, float]]:
         """For each row: the logprob of the prompt token it predicts, then the top ``top_k``."""

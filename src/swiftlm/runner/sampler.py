@@ -464,6 +464,8 @@ def _race(values: torch.Tensor, rows: Sequence[SamplingRow], widths: Sequence[in
             # tensor per row costs ~10x more on CPU (page faults).
             uniform[j, : widths[j]].uniform_(generator=row.generator)
             uniform[j, widths[j] :] = 0.0
+            if row.on_draw is not None:
+                row.on_draw()
     # E = -log(1 - U), kept away from 0 so that log E is finite.
     log_e = uniform.neg_().log1p_().neg_().clamp_min_(_MIN_EXPONENTIAL).log_()
     return values.sub_(log_e).max(dim=-1).indices

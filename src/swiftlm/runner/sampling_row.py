@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +21,9 @@ class SamplingRow:
     ``banned_token_ids`` get logit -inf (the engine uses it for EOS while ``min_tokens`` is not
     reached). ``forced_token_id`` is returned as the token, with its logprob under the processed
     logits. ``grammar``: the request's structured-output state; tokens it does not allow get
-    logit -inf (before temperature, top-k, top-p). Rows without one cost nothing.
+    logit -inf (before temperature, top-k, top-p). Rows without one cost nothing. ``on_draw``,
+    if set, is called each time the row has drawn from ``generator`` (speculative decoding uses it
+    to rewind a seeded generator past the rows it rejects).
     """
 
     params: SamplingParams
@@ -31,3 +33,4 @@ class SamplingRow:
     banned_token_ids: Sequence[int] = ()
     forced_token_id: int | None = None
     grammar: GrammarState | None = None
+    on_draw: Callable[[], None] | None = None

@@ -14,11 +14,13 @@ never run away in spaces or newlines.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import llguidance
@@ -155,19 +157,43 @@ def check(so: StructuredOutput) -> str:
 
 class GrammarState:
     """One request's position in its grammar. ``accept`` advances it by a sampled token;
-    ``done`` says it has ended (accepted, or refused a token): the request must stop."""
+    ``done`` says it has ended (accepted, or refused a token): the request must stop.
 
-    __slots__ = ("matcher",)
+    ``ahead(tokens)`` is a view of the position after ``tokens`` more (speculative decoding's draft
+    tokens, not yet accepted), sharing the matcher: its ``allows`` and ``fill_bitmask`` answer for
+    that position and leave the matcher where it was (llguidance's rollback)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    __slots__ = ("matcher", "_ahead")
+
+    def __init__(self, matcher: llguidance.LLMatcher, ahead: tuple[int, ...] = ()) -> None:
         self.matcher = matcher
+        self._ahead = ahead
 
     def accept(self, token_id: int) -> bool:
+        assert not self._ahead, "a view ahead of the matcher cannot accept tokens"
         return self.matcher.consume_token(token_id)
+
+    def ahead(self, tokens: tuple[int, ...]) -> GrammarState:
+        return GrammarState(self.matcher, self._ahead + tokens)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts from here, up to and including one that
+        ends it (the state is not changed)."""
+        n = self.matcher.validate_tokens([*self._ahead, *tokens]) - len(self._ahead)
+        consumed = 0
+        with self._advanced():
+            for t in tokens[: max(n, 0)]:
+                if not self.matcher.consume_token(t):
+                    break
+                consumed += 1
+                if self.matcher.is_stopped():
+                    break
+            self.matcher.rollback(consumed)
+        return consumed
 
     def allows(self, token_id: int) -> bool:
         """Whether the grammar allows ``token_id`` next (the state is not changed; ~1 us)."""
-        return self.matcher.validate_tokens([token_id]) == 1
+        return self.matcher.validate_tokens([*self._ahead, token_id]) == len(self._ahead) + 1
 
     @property
     def done(self) -> bool:
@@ -175,7 +201,19 @@ class GrammarState:
 
     def fill_bitmask(self, row: torch.Tensor) -> None:
         """Write the allowed tokens into ``row`` (int32, contiguous, ``ceil(V / 32)`` words)."""
-        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        with self._advanced():
+            self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+    @contextlib.contextmanager
+    def _advanced(self) -> Iterator[None]:
+        """The matcher moved over this view's tokens ahead for the block, then back."""
+        if self._ahead and not self.matcher.consume_tokens(list(self._ahead)):
+            raise StructuredOutputError("draft tokens ahead of the grammar were not valid")
+        try:
+            yield
+        finally:
+            if self._ahead:
+                self.matcher.rollback(len(self._ahead))
 
 
 class GrammarCompiler:

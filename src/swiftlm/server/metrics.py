@@ -47,10 +47,21 @@ class _EngineCollector(Collector):
             ("swiftlm:num_aborted_requests", "Requests aborted (client gone or cancelled).", stats.num_aborted),
             ("swiftlm:engine_failed_steps", "Model steps that raised (their requests failed).", stats.num_failed_steps),
             ("swiftlm:engine_failed_rows", "Requests failed alone for non-finite logits.", stats.num_failed_rows),
+            ("swiftlm:spec_decode_num_drafts", "Speculative drafts verified.", stats.spec_num_drafts),
+            ("swiftlm:spec_decode_num_draft_tokens", "Draft tokens verified.", stats.spec_num_draft_tokens),
+            ("swiftlm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", stats.spec_num_accepted_tokens),
         ):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self._model], value)
             yield counter
+        if stats.spec_accepted_per_position:  # acceptance rate: accepted / draft tokens; per step: 1 + accepted / drafts
+            by_position = CounterMetricFamily(
+                "swiftlm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.",
+                labels=[*labels, "position"],
+            )
+            for pos, value in enumerate(stats.spec_accepted_per_position):
+                by_position.add_metric([self._model, str(pos)], value)
+            yield by_position
 
 
 class _BatchCollector(Collector):

@@ -304,6 +304,9 @@ class BaseSamplingRequest(_Request):
     clean_up_tokenization_spaces: StrictBool | None = None
     best_of: _int(ge=1) | None = None
     prompt_logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None  # vLLM's: score the prompt too
+    # swiftlm's, on a server started with --speculative-config: 0 turns speculation off for this
+    # request, k caps its draft length at k (at most the server's); left out: the server's
+    num_speculative_tokens: _int(ge=0) | None = None
     # structured output (swiftlm.server.structured_mapping): vLLM's fields, llama.cpp's GBNF grammar
     guided_json: dict[str, Any] | StrictStr | None = None
     guided_regex: StrictStr | None = None

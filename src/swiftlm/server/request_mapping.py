@@ -141,6 +141,7 @@ def _sampling_params(
             thinking_budget=thinking_budget,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=structured,
+            num_speculative_tokens=req.num_speculative_tokens,
             **overrides,
         )
     except ValueError as exc:

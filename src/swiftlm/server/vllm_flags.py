@@ -85,6 +85,11 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=json_string_list, default=["*"], metavar="JSON",
                        help=f'CORS: the {what} browsers may use, a JSON list (default: ["*"], any)')
     g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (default: off)")
+    g.add_argument("--speculative-config", metavar="JSON",
+                   help='speculative decoding by prompt lookup, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\': guessed tokens from earlier in the text, '
+                        "checked in one step (same output; faster where the answer repeats the prompt). "
+                        "ngram only (no draft models). Default: off")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted: swiftlm runs no code from a checkpoint, so there is nothing to trust")
 

@@ -39,6 +39,7 @@ from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.cpu.weight_arena import place_weights_in_arena
 from swiftlm.backends.fuse import fuse_projections
 from swiftlm.backends.kv_cache import KVCache
+from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.backends.quant import quantize
 from swiftlm.backends.row_buckets import warm_row_buckets
 from swiftlm.config import ModelConfig
@@ -162,11 +163,11 @@ class CpuBackend(Backend):
 
     # -- running it -------------------------------------------------------------------------------
     def allocate_kv_cache(
-        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+        self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
     ) -> KVCache:
         # decode attention streams the pools: huge pages, zero-filled as mapped (pages are faulted
         # in as blocks are first used)
-        return KVCache(model, num_blocks, block_size, dtype, "cpu", allocate=huge_page_tensors)
+        return KVCache(model, num_blocks, block_size, dtype, "cpu", allocate=huge_page_tensors, fmt=fmt)
 
     def attention(self, kv_cache: KVCache) -> PagedAttention:
         return PagedAttention(kv_cache, self.decode_kernel)

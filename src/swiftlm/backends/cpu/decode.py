@@ -104,4 +104,5 @@ class DecodeLayers:
         """residual, h: [T, hidden] (residual updated in place) -> the final normed hidden [T, hidden]."""
         return self.op(residual, h, positions, step.slot_mapping, step.block_tables, step.seq_lens, self.weights,
                        step.k_pools, step.v_pools, self.cos, self.sin, self.n_heads, self.n_kv_heads, self.eps,
-                       self.scale, self.gemv_max_rows, self.max_rows, self.kind, self.quant, self.intermediate)
+                       self.scale, self.gemv_max_rows, self.max_rows, self.kind, self.quant, self.intermediate,
+                       step.k_scales, step.v_scales)

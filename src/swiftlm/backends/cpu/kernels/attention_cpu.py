@@ -10,10 +10,13 @@ The op, for B decoding requests (one query token each)::
 
     paged_decode_attention(q [B, Hq, D], k_pool [N, bs, Hkv, D], v_pool [N, bs, Hkv, D],
                            block_tables [B, max_blocks] int64 (int32 accepted),
-                           seq_lens [B] int64, scale: float) -> [B, Hq, D]  (dtype of q)
+                           seq_lens [B] int64, scale: float,
+                           k_scales [N, bs, Hkv] float32 = None, v_scales = None) -> [B, Hq, D]  (dtype of q)
 
 Request ``b`` attends to its first ``seq_lens[b]`` tokens; token ``t`` is
-``pool[block_tables[b, t // bs], t % bs]``. q and the pools are all float32 or all bfloat16;
+``pool[block_tables[b, t // bs], t % bs]``. q and the pools are all float32 or all bfloat16, or the
+pools are 8-bit (int8, float8_e4m3fn or float8_e5m2: the small KV cache, ``backends/kv_quant.py``)
+with their scale pools, a row's values times its scale;
 ``Hq % Hkv == 0``; ``D % 16 == 0``; the pools need unit stride in D only. Dots, softmax and the
 weighted V sum are computed in float32 and rounded once to q's dtype. Each K/V row is read once
 per (request, kv head), for all query heads of its GQA group; long contexts are split into chunks

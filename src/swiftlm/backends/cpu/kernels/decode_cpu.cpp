@@ -6,7 +6,8 @@
 // ops), so the results are bit for bit the same:
 //
 //   for each layer:  qkv = linear(h, W_qkv);  q, k = qk_norm_rope(qkv)
-//                    k, v -> the layer's KV pools at slot_mapping
+//                    k, v -> the layer's KV pools at slot_mapping (8-bit pools: quantised as
+//                            kv_quant.h says, with their scales into the scale pools)
 //                    a = paged_decode_attention(q, pools, block_tables, seq_lens)
 //                    h = add_rms_norm_(residual, linear(a, W_o))
 //                    h = add_rms_norm_(residual, linear(silu_mul(linear(h, W_gate_up)), W_down))
@@ -33,11 +34,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "bf16_gemv.h"
 #include "common.h"
 #include "fused_rows.h"
+#include "kv_quant.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include "amx_linear.h"
 #define SWIFTLM_HAS_AMX 1
@@ -56,7 +59,8 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-using AttentionSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double);
+using AttentionSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
+                            const std::optional<Tensor>&, const std::optional<Tensor>&);
 using Int8GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t);
 using Int4GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t);
 
@@ -100,6 +104,14 @@ struct Linear {
   }
 };
 
+// A bf16 row of d values into an 8-bit pool row and its scale (kv_quant.h).
+void store_kv_row(int64_t format, const bf16* x, int64_t d, uint8_t* dst, float* scale) {
+  const auto to_float = [](bf16 v) { return static_cast<float>(v); };
+  if (format == swiftlm_kvq::kInt8) swiftlm_kvq::quantise_row<swiftlm_kvq::I8>(x, d, to_float, dst, scale);
+  else if (format == swiftlm_kvq::kE4M3) swiftlm_kvq::quantise_row<swiftlm_kvq::E4M3>(x, d, to_float, dst, scale);
+  else swiftlm_kvq::quantise_row<swiftlm_kvq::E5M2>(x, d, to_float, dst, scale);
+}
+
 constexpr int64_t kPerLayer = 8;  // weights: qkv, q_norm, k_norm, o, post_norm, gate_up, down, next_norm
 constexpr int64_t kQuantPerLayer = 12;  // quantised: (qweight, scales, mins or empty) of qkv, o, gate_up, down
 constexpr int64_t kEpsPerLayer = 3;  // eps: q/k norm, post-attention norm, next norm
@@ -109,7 +121,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
                      at::TensorList k_pools, at::TensorList v_pools, const Tensor& cos, const Tensor& sin,
                      int64_t n_heads, int64_t n_kv_heads, c10::ArrayRef<double> eps, double scale,
                      int64_t gemv_rows, int64_t amx_rows, int64_t kind, at::TensorList quant,
-                     int64_t intermediate) {
+                     int64_t intermediate, at::TensorList k_scales, at::TensorList v_scales) {
   const int64_t layers = static_cast<int64_t>(k_pools.size());
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kPerLayer * layers &&
                   static_cast<int64_t>(v_pools.size()) == layers &&
@@ -149,6 +161,16 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
     TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "swiftlm_decode.decode_layers: position ", pos[i], " outside [0, ",
                 cos.size(0), ")");
   const int64_t hidden = h_in.size(1);
+  // 8-bit pools: a scale pool per pool, the format from the pools' dtype
+  TORCH_CHECK(k_scales.size() == v_scales.size() && (k_scales.empty() || static_cast<int64_t>(k_scales.size()) == layers),
+              "swiftlm_decode.decode_layers: k_scales and v_scales: none, or one per layer each");
+  const at::ScalarType pool_dtype = k_pools[0].scalar_type();
+  int64_t kv_format = swiftlm_kvq::kNone;
+  if (!k_scales.empty()) {
+    kv_format = pool_dtype == at::kChar ? swiftlm_kvq::kInt8 : pool_dtype == at::kFloat8_e4m3fn ? swiftlm_kvq::kE4M3
+              : pool_dtype == at::kFloat8_e5m2 ? swiftlm_kvq::kE5M2 : swiftlm_kvq::kNone;
+    TORCH_CHECK(kv_format != swiftlm_kvq::kNone, "swiftlm_decode.decode_layers: scale pools go with int8 or float8 pools");
+  }
   // shapes, checked once for every layer
   // head_dim from the rope tables: the q/k norm weights are empty for models without q/k norm
   const bool qk_norm = weights[1].numel() > 0;
@@ -179,8 +201,14 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
     const Tensor& v_pool = v_pools[l];
     TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 4 &&
                     k_pool.size(2) * k_pool.size(3) == kv_width && v_pool.sizes() == k_pool.sizes() &&
-                    k_pool.scalar_type() == at::kBFloat16 && v_pool.scalar_type() == at::kBFloat16,
-                "swiftlm_decode.decode_layers: pools must be contiguous bf16 [N, bs, Hkv, D]");
+                    k_pool.scalar_type() == (kv_format == swiftlm_kvq::kNone ? at::kBFloat16 : pool_dtype) &&
+                    v_pool.scalar_type() == k_pool.scalar_type(),
+                "swiftlm_decode.decode_layers: pools must be contiguous [N, bs, Hkv, D], bf16 or one 8-bit dtype "
+                "with scale pools");
+    if (kv_format != swiftlm_kvq::kNone)
+      for (const Tensor* sc : {&k_scales[l], &v_scales[l]})
+        TORCH_CHECK(sc->scalar_type() == at::kFloat && sc->is_contiguous() && sc->numel() == k_pool.numel() / d,
+                    "swiftlm_decode.decode_layers: scale pools must be contiguous float32 [N, bs, Hkv]");
     const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
     for (int64_t i = 0; i < t; ++i)
       TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "swiftlm_decode.decode_layers: slot ", slot[i],
@@ -224,11 +252,26 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
     // k rows, and v: the last Hk * D columns of each qkv row, into the pools
     char* kbase = static_cast<char*>(k_pool.data_ptr());
     char* vbase = static_cast<char*>(v_pool.data_ptr());
-    for (int64_t i = 0; i < t; ++i) {
-      std::memcpy(kbase + slot[i] * row_bytes, kp + i * kv_width, row_bytes);
-      std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
+    std::optional<Tensor> ks, vs;
+    if (kv_format == swiftlm_kvq::kNone) {
+      for (int64_t i = 0; i < t; ++i) {
+        std::memcpy(kbase + slot[i] * row_bytes, kp + i * kv_width, row_bytes);
+        std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
+      }
+    } else {
+      ks = k_scales[l];
+      vs = v_scales[l];
+      float* ksp = ks->data_ptr<float>();
+      float* vsp = vs->data_ptr<float>();
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t h = 0; h < n_kv_heads; ++h) {
+          const int64_t row = slot[i] * n_kv_heads + h;  // (token, head) row of the pools
+          store_kv_row(kv_format, kp + i * kv_width + h * d, d, reinterpret_cast<uint8_t*>(kbase) + row * d, ksp + row);
+          store_kv_row(kv_format, qkv_p + i * qkv_n + (n_heads + n_kv_heads + h) * d, d,
+                       reinterpret_cast<uint8_t*>(vbase) + row * d, vsp + row);
+        }
     }
-    const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale);  // [T, Hq, D]
+    const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale, ks, vs);  // [T, Hq, D]
     const Tensor o_r = linear(a.reshape({t, n_heads * d}), t, w[3], qz ? qz + 3 : nullptr, hidden, o_out);
     const bf16* o_p = o_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)
@@ -255,6 +298,7 @@ TORCH_LIBRARY(swiftlm_decode, lib) {
                        "decode_layers(Tensor(a!) residual, Tensor h, Tensor positions, Tensor slot_mapping, "
                        "Tensor block_tables, Tensor seq_lens, Tensor[] weights, Tensor[] k_pools, Tensor[] v_pools, "
                        "Tensor cos, Tensor sin, int n_heads, int n_kv_heads, float[] eps, float scale, int gemv_rows, "
-                       "int amx_rows, int kind, Tensor[] quant, int intermediate) -> Tensor",
+                       "int amx_rows, int kind, Tensor[] quant, int intermediate, Tensor[] k_scales, "
+                       "Tensor[] v_scales) -> Tensor",
                        &decode_layers);
 }

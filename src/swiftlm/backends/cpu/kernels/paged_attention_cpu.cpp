@@ -15,6 +15,12 @@
 // widen q and k to fp32 instead, same numbers up to summation order); V rows are widened to
 // fp32 with a shift (even dims) and a mask (odd dims), so within every 32-dim chunk the accumulator
 // holds the 16 even dims then the 16 odd dims; the permutation is undone when results are written.
+//
+// 8-bit pools (the small KV cache, kv_quant.h): int8 or float8 values with a float32 scale per
+// (token, head) in scale pools [N, bs, Hkv]. q is widened to fp32 once per item; K rows are widened
+// 16 values at a time into fp32 dots, and the K scale of each token multiplies its score; the V scale
+// of each token multiplies its softmax weight (the normaliser sums the unscaled weights), and V rows
+// are widened into the fp32 accumulator in head-dim order.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -29,9 +35,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
+#include "kv_quant.h"
 
 namespace {
 
@@ -61,6 +70,9 @@ struct Problem {
   int64_t hv;                // virtual heads (Hkv * ratio), each owning G <= kMaxGroup query heads
   int64_t ratio;             // virtual heads per kv head (1 unless the GQA group exceeds kMaxGroup)
   float scale_log2;          // scale * log2(e)
+  const float* ks;           // 8-bit pools: K and V scale pools [N, bs, Hkv] (contiguous), else null
+  const float* vs;
+  int64_t s_sn, s_st;        // scale pool strides: block, token in block (kv head: 1)
 };
 
 // One unit of work: tokens [t0, t1) of request b, all heads. slot: where its partial result goes
@@ -205,6 +217,70 @@ struct Ops<bf16> {
   }
 };
 
+// 8-bit rows of format F (kv_quant.h); q is fp32, accumulators in head-dim order.
+template <typename F>
+struct QOps {
+  static inline __m512 qk_tile(const float* q, const uint8_t* base, const int64_t* off, int64_t d) {
+    __m512 acc[kSub];
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 qc = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+      for (int i = 0; i < kSub; ++i) acc[i] = _mm512_fmadd_ps(qc, F::widen16(base + off[i] + c), acc[i]);
+    }
+    return hsum16(acc);
+  }
+
+  // The scores of 16 tokens for all G (2 or 4) query heads of a kv head, each K value widened once
+  // for all of them: G passes of 16 / G tokens, each with G x 16 / G = 16 accumulators (q_g at
+  // q + g * d). out[g] lane i: q_g . row_i.
+  template <int G>
+  static inline void qk_group(const float* q, const uint8_t* base, const int64_t* off, int64_t d, __m512* out) {
+    static_assert(G == 2 || G == 4, "qk_group takes 2 or 4 heads");
+    constexpr int T = kSub / G;  // tokens per pass
+    __m512 r[G];
+    for (int pass = 0; pass < G; ++pass) {
+      __m512 acc[G * T];
+#pragma GCC unroll 16
+      for (int i = 0; i < G * T; ++i) acc[i] = _mm512_setzero_ps();
+      const int64_t* o = off + pass * T;
+      for (int64_t c = 0; c < d; c += 16) {
+        __m512 k[T];
+#pragma GCC unroll 8
+        for (int i = 0; i < T; ++i) k[i] = F::widen16(base + o[i] + c);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) {
+          const __m512 qc = _mm512_loadu_ps(q + g * d + c);
+#pragma GCC unroll 8
+          for (int i = 0; i < T; ++i) acc[g * T + i] = _mm512_fmadd_ps(qc, k[i], acc[g * T + i]);
+        }
+      }
+      r[pass] = hsum16(acc);  // lane g * T + i: head g, token pass * T + i
+    }
+    if constexpr (G == 2) {  // [g0 | g1] halves of tokens 0-7, then 8-15
+      out[0] = _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(1, 0, 1, 0));
+      out[1] = _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(3, 2, 3, 2));
+    } else {  // 128-bit lane g of r[pass]: head g, tokens 4 pass .. 4 pass + 3: a 4 x 4 transpose of lanes
+      const __m512 t0 = _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 t1 = _mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 t2 = _mm512_shuffle_f32x4(r[0], r[1], _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512 t3 = _mm512_shuffle_f32x4(r[2], r[3], _MM_SHUFFLE(3, 2, 3, 2));
+      out[0] = _mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(2, 0, 2, 0));
+      out[1] = _mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(3, 1, 3, 1));
+      out[2] = _mm512_shuffle_f32x4(t2, t3, _MM_SHUFFLE(2, 0, 2, 0));
+      out[3] = _mm512_shuffle_f32x4(t2, t3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+
+  template <int NV>
+  static inline void load_v(const uint8_t* row, __m512* v) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) v[j] = F::widen16(row + 16 * j);
+  }
+};
+
+
 // acc[g][c .. c + 16 NV) = alpha[g] * acc[g][..] + sum_i p[g][i] * V_i[c ..], over the n valid tokens.
 // The K and V rows of the next tile that a P.V pass pulls into cache as it goes, one token row per
 // token it accumulates. Issued in one burst at the start of a step instead, the same prefetches
@@ -219,8 +295,9 @@ struct Prefetch {
   int64_t esize = 0;
 };
 
-template <typename T, int G, int NV>
-inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, const T* base,
+// VOps: Ops<T> or QOps<F> for pool elements S.
+template <typename VOps, typename S, int G, int NV>
+inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, const S* base,
                      const int64_t* off, int n, int64_t c, const Prefetch& pf) {
   __m512 a[G][NV];
 #pragma GCC unroll 8
@@ -236,7 +313,7 @@ inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, 
         _mm_prefetch(pf.v + pf.ov[i] * pf.esize + x, _MM_HINT_T0);
       }
     __m512 v[NV];
-    Ops<T>::template load_v<NV>(base + off[i] + c, v);
+    VOps::template load_v<NV>(base + off[i] + c, v);
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g) {
       const __m512 pg = _mm512_set1_ps(p[g * kTile + i]);
@@ -250,29 +327,31 @@ inline void pv_chunk(float* acc, int64_t d, const float* p, const float* alpha, 
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + g * d + c + 16 * j, a[g][j]);
 }
 
-template <typename T, int G>
-inline void pv_tile(float* acc, int64_t d, const float* p, const float* alpha, const T* base, const int64_t* off,
+template <typename VOps, typename S, int G>
+inline void pv_tile(float* acc, int64_t d, const float* p, const float* alpha, const S* base, const int64_t* off,
                     int n, const Prefetch& pf) {
   constexpr int NV = G <= 4 ? 4 : 2;  // accumulators in registers: G * NV <= 16
   const Prefetch none;
   int64_t c = 0;
-  for (; c + 16 * NV <= d; c += 16 * NV) pv_chunk<T, G, NV>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+  for (; c + 16 * NV <= d; c += 16 * NV)
+    pv_chunk<VOps, S, G, NV>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
   if (NV == 4 && c + 32 <= d) {
-    pv_chunk<T, G, 2>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+    pv_chunk<VOps, S, G, 2>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
     c += 32;
   }
-  if (c < d) pv_chunk<T, G, 1>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
+  if (c < d) pv_chunk<VOps, S, G, 1>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
 }
 
-// Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d]
-// with H = hv * G query heads.
+// Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d],
+// q[H][d] (fp32 q for 8-bit pools) with H = hv * G query heads.
 inline int64_t scratch_floats(int64_t hv, int64_t group, int64_t d) {
-  return hv * group * (d + 2) + 3 * group * kTile + d;
+  return hv * group * (2 * d + 2) + 3 * group * kTile + d;
 }
 
-// Element offsets of the K and V rows of tokens [t, t + n) (n <= kTile); lanes past n repeat token t.
+// Element offsets of the K and V rows of tokens [t, t + n) (n <= kTile), and of their rows in the
+// scale pools (kv head 0); lanes past n repeat token t.
 struct TileOffsets {
-  int64_t k[kTile], v[kTile];
+  int64_t k[kTile], v[kTile], s[kTile];
 };
 
 inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int n, TileOffsets& o) {
@@ -285,6 +364,7 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
         const int64_t r = off + (i < ns ? i : 0);
         o.k[s + i] = blk * P.k_sn + r * P.k_st;
         o.v[s + i] = blk * P.v_sn + r * P.v_st;
+        o.s[s + i] = blk * P.s_sn + r * P.s_st;
       }
     }
   } else {
@@ -293,6 +373,7 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
       const int64_t blk = table[tok / P.bs], off = tok % P.bs;
       o.k[i] = blk * P.k_sn + off * P.k_st;
       o.v[i] = blk * P.v_sn + off * P.v_st;
+      o.s[i] = blk * P.s_sn + off * P.s_st;
     }
   }
 }
@@ -300,9 +381,14 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
 // One item. It walks steps (tile, virtual head) in that nesting; the scores of step st + 1 are
 // computed between the softmax and the P.V of step st, so the latency of the softmax reductions
 // hides behind independent dot products. Virtual head vh owns query heads vh*G .. vh*G + G - 1 and
-// reads kv head vh / ratio.
-template <typename T, int G>
+// reads kv head vh / ratio. KV: T for pools of q's dtype, else the 8-bit format (kv_quant.h).
+template <typename T, typename KV, int G>
 void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) {
+  constexpr bool kQuant = !std::is_same_v<KV, T>;
+  using S = std::conditional_t<kQuant, uint8_t, T>;          // pool elements
+  using QT = std::conditional_t<kQuant, float, T>;           // q as the dot products read it
+  using KOps = std::conditional_t<kQuant, QOps<KV>, Ops<T>>;  // dots and V rows
+  using AOps = std::conditional_t<kQuant, Ops<float>, Ops<T>>;  // the accumulators' dim order
   const int64_t d = P.d, hv = P.hv;
   const int64_t nh = hv * G;
   float* m = ws;
@@ -311,13 +397,24 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
   float* p = acc + nh * d;
   float* scores = p + G * kTile;
   float* row = scores + 2 * G * kTile;
+  float* qf = row + d;
   std::fill(m, m + nh, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nh, 0.0f);
   std::fill(acc, acc + nh * d, 0.0f);
 
-  const T* q = static_cast<const T*>(P.q) + it.b * P.q_sb;
-  const T* kbase = static_cast<const T*>(P.k);
-  const T* vbase = static_cast<const T*>(P.v);
+  const T* q_in = static_cast<const T*>(P.q) + it.b * P.q_sb;
+  const QT* q;
+  int64_t q_sh = P.q_sh;
+  if constexpr (kQuant) {  // every head's q widened once: [nh, d] fp32
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(qf + h * d + c, swiftlm_cpu::load16(q_in + h * P.q_sh + c));
+    q = qf;
+    q_sh = d;
+  } else {
+    q = q_in;
+  }
+  const S* kbase = static_cast<const S*>(P.k);
+  const S* vbase = static_cast<const S*>(P.v);
   const int64_t* table = P.tables + it.b * P.tables_sb;
   const int64_t ntiles = (it.t1 - it.t0 + kTile - 1) / kTile;
   const int64_t nsteps = ntiles * hv;
@@ -330,18 +427,45 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
     const int64_t ti = st / hv, vh = st % hv;
     const int n = tile_len(ti);
     const TileOffsets& o = offs[ti & 1];
-    const T* kb = kbase + (vh / P.ratio) * P.k_sh;
+    const S* kb = kbase + (vh / P.ratio) * P.k_sh;
     float* sc = scores + (st & 1) * G * kTile;
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const T* qg = q + (vh * G + g) * P.q_sh;
+    __m512 tok_scale[kTile / kSub];  // the scores' multipliers: scale * log2(e) [* each token's K scale]
+    for (int s = 0; s < kTile; s += kSub) {
+      tok_scale[s / kSub] = scale;
+      if constexpr (kQuant) {
+        float ks[kSub];
+        const float* kh = P.ks + vh / P.ratio;
+        for (int i = 0; i < kSub; ++i) ks[i] = kh[o.s[s + i]] * KV::kMul;
+        tok_scale[s / kSub] = _mm512_mul_ps(scale, _mm512_loadu_ps(ks));
+      }
+    }
+    if constexpr (kQuant && (G == 2 || G == 4)) {  // every K value widened once for the G heads
       for (int s = 0; s < kTile; s += kSub) {
-        __m512 x = neg_inf;
+        __m512 x[G];
         if (s < n) {
           const __mmask16 valid = n - s >= kSub ? __mmask16(0xFFFF) : __mmask16((1u << (n - s)) - 1u);
-          x = _mm512_mask_mul_ps(neg_inf, valid, Ops<T>::qk_tile(qg, kb, o.k + s, d), scale);
+          KOps::template qk_group<G>(q + vh * G * q_sh, kb, o.k + s, d, x);
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) x[g] = _mm512_mask_mul_ps(neg_inf, valid, x[g], tok_scale[s / kSub]);
+        } else {
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) x[g] = neg_inf;
         }
-        _mm512_storeu_ps(sc + g * kTile + s, x);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) _mm512_storeu_ps(sc + g * kTile + s, x[g]);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const QT* qg = q + (vh * G + g) * q_sh;
+        for (int s = 0; s < kTile; s += kSub) {
+          __m512 x = neg_inf;
+          if (s < n) {
+            const __mmask16 valid = n - s >= kSub ? __mmask16(0xFFFF) : __mmask16((1u << (n - s)) - 1u);
+            x = _mm512_mask_mul_ps(neg_inf, valid, KOps::qk_tile(qg, kb, o.k + s, d), tok_scale[s / kSub]);
+          }
+          _mm512_storeu_ps(sc + g * kTile + s, x);
+        }
       }
     }
   };
@@ -360,7 +484,7 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
       // this head's K and V rows of the next tile, prefetched during this step's P.V: +20-30% DRAM
       // throughput over no prefetching
       pf = Prefetch{reinterpret_cast<const char*>(kbase + kvh * P.k_sh), reinterpret_cast<const char*>(vbase + kvh * P.v_sh),
-                    o.k, o.v, n_next, d * int64_t(sizeof(T)), int64_t(sizeof(T))};
+                    o.k, o.v, n_next, d * int64_t(sizeof(S)), int64_t(sizeof(S))};
     }
     const float* sc = scores + (st & 1) * G * kTile;
     float alpha[G];
@@ -381,19 +505,31 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
       l[h] = l[h] * alpha[g] + _mm512_reduce_add_ps(sum);
       m[h] = m_new;
     }
+    if constexpr (kQuant) {  // each token's V scale into its weight (l has the unscaled sum)
+      const TileOffsets& o = offs[ti & 1];
+      const float* vsh = P.vs + kvh;
+      for (int s = 0; s < kTile; s += kSub) {
+        float vs[kSub];
+        for (int i = 0; i < kSub; ++i) vs[i] = vsh[o.s[s + i]] * KV::kMul;
+        const __m512 w = _mm512_loadu_ps(vs);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+          _mm512_storeu_ps(p + g * kTile + s, _mm512_mul_ps(_mm512_loadu_ps(p + g * kTile + s), w));
+      }
+    }
     if (st + 1 < nsteps) qk_step(st + 1);
-    pv_tile<T, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
+    pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
   }
 
   for (int64_t h = 0; h < nh; ++h) {
     if (it.slot < 0) {
-      Ops<T>::unpermute(acc + h * d, row, d, 1.0f / l[h]);
+      AOps::unpermute(acc + h * d, row, d, 1.0f / l[h]);
       Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
     } else {
       float* slot = part + (it.slot * P.hq + h) * (d + 2);
       slot[0] = m[h];
       slot[1] = l[h];
-      Ops<T>::unpermute(acc + h * d, slot + 2, d, 1.0f);
+      AOps::unpermute(acc + h * d, slot + 2, d, 1.0f);
     }
   }
 }
@@ -420,29 +556,50 @@ void merge_head(const float* part, int64_t first_slot, int64_t n_slots, int64_t 
 
 using ItemFn = void (*)(const Problem&, const Item&, float*, void*, float*);
 
-template <typename T, int G>
+template <typename T, typename KV, int G>
 void run_item_erased(const Problem& P, const Item& it, float* ws, void* out, float* part) {
-  run_item<T, G>(P, it, ws, static_cast<T*>(out), part);
+  run_item<T, KV, G>(P, it, ws, static_cast<T*>(out), part);
+}
+
+template <typename T, typename KV>
+ItemFn pick_item_fn(int64_t group) {
+  switch (group) {
+    case 1: return run_item_erased<T, KV, 1>;
+    case 2: return run_item_erased<T, KV, 2>;
+    case 3: return run_item_erased<T, KV, 3>;
+    case 4: return run_item_erased<T, KV, 4>;
+    case 5: return run_item_erased<T, KV, 5>;
+    case 6: return run_item_erased<T, KV, 6>;
+    case 7: return run_item_erased<T, KV, 7>;
+    case 8: return run_item_erased<T, KV, 8>;
+    default: return nullptr;
+  }
 }
 
 template <typename T>
-ItemFn pick_item_fn(int64_t group) {
-  switch (group) {
-    case 1: return run_item_erased<T, 1>;
-    case 2: return run_item_erased<T, 2>;
-    case 3: return run_item_erased<T, 3>;
-    case 4: return run_item_erased<T, 4>;
-    case 5: return run_item_erased<T, 5>;
-    case 6: return run_item_erased<T, 6>;
-    case 7: return run_item_erased<T, 7>;
-    case 8: return run_item_erased<T, 8>;
-    default: return nullptr;
+ItemFn pick_item_fn(int64_t group, int64_t format) {
+  switch (format) {
+    case swiftlm_kvq::kInt8: return pick_item_fn<T, swiftlm_kvq::I8>(group);
+    case swiftlm_kvq::kE4M3: return pick_item_fn<T, swiftlm_kvq::E4M3>(group);
+    case swiftlm_kvq::kE5M2: return pick_item_fn<T, swiftlm_kvq::E5M2>(group);
+    default: return pick_item_fn<T, T>(group);
+  }
+}
+
+// The 8-bit format of a pool dtype (kNone: not an 8-bit format).
+int64_t pool_format(at::ScalarType t) {
+  switch (t) {
+    case at::kChar: return swiftlm_kvq::kInt8;
+    case at::kFloat8_e4m3fn: return swiftlm_kvq::kE4M3;
+    case at::kFloat8_e5m2: return swiftlm_kvq::kE5M2;
+    default: return swiftlm_kvq::kNone;
   }
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables_in, const at::Tensor& seq_lens_in,
-                                  double scale) {
+                                  double scale, const std::optional<at::Tensor>& k_scales,
+                                  const std::optional<at::Tensor>& v_scales) {
   TORCH_CHECK(q_in.dim() == 3, "q must be [B, Hq, D], got ", q_in.sizes());
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes(),
               "k_pool and v_pool must both be [num_blocks, block_size, Hkv, D], got ", k_pool.sizes(), " and ",
@@ -451,14 +608,24 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
               "q, k_pool and v_pool must be CPU tensors");
   const auto dtype = q_in.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK(k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
-              "q, k_pool and v_pool must share one dtype");
+  const int64_t format = pool_format(k_pool.scalar_type());
+  TORCH_CHECK((k_pool.scalar_type() == dtype || format != swiftlm_kvq::kNone) &&
+                  v_pool.scalar_type() == k_pool.scalar_type(),
+              "k_pool and v_pool must share q's dtype, or one 8-bit dtype (int8, float8_e4m3fn, float8_e5m2), got ",
+              k_pool.scalar_type(), " and ", v_pool.scalar_type());
+  TORCH_CHECK((format != swiftlm_kvq::kNone) == (k_scales.has_value() && v_scales.has_value()),
+              "k_scales and v_scales go with 8-bit pools, and only with them");
   const int64_t B = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
   const int64_t N = k_pool.size(0), bs = k_pool.size(1), Hkv = k_pool.size(2);
   TORCH_CHECK(k_pool.size(3) == D, "head_dim of q (", D, ") and of the pools (", k_pool.size(3), ") differ");
   TORCH_CHECK(D % 16 == 0 && D > 0, "head_dim must be a multiple of 16, got ", D);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "Hq (", Hq, ") must be a multiple of Hkv (", Hkv, ")");
   TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1, "pools must be contiguous in head_dim");
+  if (format != swiftlm_kvq::kNone)
+    for (const at::Tensor* sc : {&*k_scales, &*v_scales})
+      TORCH_CHECK(sc->scalar_type() == at::kFloat && sc->is_contiguous() && sc->dim() == 3 && sc->size(0) == N &&
+                      sc->size(1) == bs && sc->size(2) == Hkv,
+                  "scale pools must be contiguous float32 [num_blocks, block_size, Hkv], got ", sc->sizes());
   TORCH_CHECK(block_tables_in.dim() == 2 && block_tables_in.size(0) == B,
               "block_tables must be [B, max_blocks], got ", block_tables_in.sizes());
   TORCH_CHECK(seq_lens_in.dim() == 1 && seq_lens_in.size(0) == B, "seq_lens must be [B], got ",
@@ -485,17 +652,20 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   const int64_t ratio = G / group, Hv = Hkv * ratio;  // virtual heads: group query heads each
 
   const int64_t esize = q.element_size();
+  const bool quant = format != swiftlm_kvq::kNone;
   Problem P{q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), q.stride(0), q.stride(1),
             k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),
             v_pool.stride(2), tab, max_blocks, Hq, D, bs, Hv, ratio,
-            static_cast<float>(scale * 1.4426950408889634)};
+            static_cast<float>(scale * 1.4426950408889634),
+            quant ? k_scales->const_data_ptr<float>() : nullptr, quant ? v_scales->const_data_ptr<float>() : nullptr,
+            bs * Hkv, Hkv};
 
   // ---- plan: items of (request, token chunk), each over all heads, so that a thread streams whole
   // blocks; long requests are cut into chunks of >= kTile tokens for parallelism and balance ----
   const int64_t nthreads = at::in_parallel_region() ? 1 : at::get_num_threads();
   int64_t total_tokens = 0;
   for (int64_t b = 0; b < B; ++b) total_tokens += lens[b];
-  const int64_t bytes_per_token = 2 * Hkv * D * esize;  // its K and V rows, all heads
+  const int64_t bytes_per_token = 2 * Hkv * (quant ? D + 4 : D * esize);  // its K and V rows (and scales), all heads
   const bool serial = nthreads <= 1 || total_tokens * bytes_per_token < kSerialBytes;
   int64_t chunk = std::numeric_limits<int64_t>::max() / 4;
   if (!serial) {
@@ -522,7 +692,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });  // longest first
   std::vector<float> part(slots * Hq * (D + 2));
-  const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group) : pick_item_fn<bf16>(group);
+  const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group, format) : pick_item_fn<bf16>(group, format);
   const int64_t ws_floats = scratch_floats(Hv, group, D);
   void* out_ptr = out.data_ptr();
   float* part_ptr = part.data();
@@ -573,5 +743,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
 
 TORCH_LIBRARY(swiftlm_attention, lib) {
   swiftlm_cpu::def_cpu(lib, "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
-                            "Tensor seq_lens, float scale) -> Tensor", &paged_decode_attention);
+                            "Tensor seq_lens, float scale, Tensor? k_scales=None, Tensor? v_scales=None) -> Tensor",
+                       &paged_decode_attention);
 }

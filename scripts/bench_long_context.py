@@ -1,0 +1,161 @@
+"""Decode at long contexts, per KV cache dtype, on a synthetic cache (no minutes of prefill).
+
+    OMP_NUM_THREADS=2 OMP_PROC_BIND=close OMP_PLACES=cores .venv/bin/python scripts/bench_long_context.py \\
+        models/qwen3-0.6b-random --contexts 32 2048 8192 32768 --repeats 5
+
+One engine (bf16 weights) and, per ``--kv-cache-dtype`` (auto, int8, fp8_e4m3, fp8_e5m2), its own KV
+cache of ``max(contexts)`` tokens on huge pages, filled with random K/V through the cache's own store
+(so 8-bit pools hold real quantised rows). For each (context, dtype), interleaved and rotating:
+
+* **step**: one decode step of a single request whose context is that long (the backend's forward:
+  the decode layers op, or the per-layer loop, and the lm_head), median ms -> tok/s;
+* **attention**: the 28 layers' decode attention calls alone at that context, median ms, and the
+  GB/s of K/V (values and scales) they read;
+* **weights**: the GB/s at which the same run streams the weights: streamed weight bytes / the
+  step time at the shortest context, minus that step's attention time.
+
+Blocks are shuffled (as a long-lived server's are); a memory-bandwidth probe brackets each round.
+Prints one markdown table and the ratios the long-context issue asks for; ``--json`` writes all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from swiftlm import LLM
+from swiftlm.backends.kv_quant import kv_format
+from swiftlm.bench.bandwidth import BandwidthProbe
+from swiftlm.bench.engine_bench import streamed_weight_bytes
+from swiftlm.core.step import AttentionMetadata
+
+DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+
+
+def fill(cache, n_tokens: int, g: torch.Generator) -> None:
+    """Random K/V (unit normal, as normed keys are) for slots 0 .. n_tokens, every layer."""
+    k_pool = cache.layer(0)[0]
+    n_kv, d = k_pool.shape[2], k_pool.shape[3]
+    for layer in range(len(cache.pools()[0])):
+        for lo in range(0, n_tokens, 4096):
+            hi = min(n_tokens, lo + 4096)
+            k = torch.randn(hi - lo, n_kv, d, generator=g).to(cache.dtype)
+            v = torch.randn(hi - lo, n_kv, d, generator=g).to(cache.dtype)
+            cache.store(layer, torch.arange(lo, hi), k, v)
+
+
+class Point:
+    """One request decoding at ``context`` over one cache: its step and its attention calls."""
+
+    def __init__(self, llm: LLM, cache, attention, context: int, table: torch.Tensor) -> None:
+        engine = llm.engine
+        self.engine, self.cache, self.context = engine, cache, context
+        bs = cache.block_size
+        n_blocks = (context + bs - 1) // bs
+        blocks = table[:n_blocks]
+        slot = int(blocks[(context - 1) // bs]) * bs + (context - 1) % bs
+        self.meta = AttentionMetadata(query_start=[0, 1], seq_lens=[context], slot_mapping=torch.tensor([slot]),
+                                      block_tables=blocks.view(1, -1).clone(), decode_rows=[0], prefill_rows=[])
+        self.attention = attention
+        self.ids, self.pos = torch.tensor([1000]), torch.tensor([context - 1])
+        self.kernel = engine.backend.decode_kernel
+        cfg = engine.model.config
+        self.q = torch.randn(1, cfg.num_attention_heads, cfg.head_dim).to(cache.dtype)
+
+    @torch.inference_mode()
+    def step_s(self) -> float:
+        e = self.engine
+        t0 = time.perf_counter()
+        hidden = e.backend.forward(e.model, self.ids, self.pos, self.attention.bind(self.meta))
+        e.model.lm_head(hidden).argmax(-1)
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def attention_s(self) -> float:
+        """The decode attention of every layer, as a step calls it (kernel, or the torch path)."""
+        bound = self.attention.bind(self.meta)
+        t0 = time.perf_counter()
+        for layer in range(len(self.cache.pools()[0])):
+            bound.decode.attend(self.q, self.cache, layer)
+        return time.perf_counter() - t0
+
+    def kv_bytes(self) -> int:
+        cfg = self.engine.model.config
+        per_row = cfg.head_dim * (1 if self.cache.fmt else self.cache.dtype.itemsize) + (4 if self.cache.fmt else 0)
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * self.context * per_row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32, 2048, 8192, 32768])
+    ap.add_argument("--kv-cache-dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds; each takes the median of --steps")
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    max_ctx = max(args.contexts)
+    llm = LLM(args.model, dtype="bfloat16", num_blocks=16)  # its own cache unused: each dtype gets one below
+    engine = llm.engine
+    cfg = engine.model.config
+    g = torch.Generator().manual_seed(0)
+    table = torch.randperm(max_ctx // 16 + 1, generator=g) + 1  # shuffled block ids, never the null block
+    points: dict[tuple[int, str], Point] = {}
+    for name in args.kv_cache_dtypes:
+        cache = engine.backend.allocate_kv_cache(cfg, max_ctx // 16 + 2, 16, torch.bfloat16, kv_format(name))
+        fill(cache, (max_ctx // 16 + 2) * 16, g)
+        attention = engine.backend.attention(cache)
+        for ctx in args.contexts:
+            points[(ctx, name)] = Point(llm, cache, attention, ctx, table)
+    weight_bytes = streamed_weight_bytes(engine)
+    probe = BandwidthProbe()
+    order = list(points)
+    samples: dict[tuple[int, str], dict[str, list[float]]] = {k: {"step": [], "attn": []} for k in order}
+    bandwidth: list[float] = []
+    for p in points.values():  # warm-up
+        p.step_s()
+        p.attention_s()
+    for rep in range(args.repeats):
+        bandwidth.append(probe.measure())
+        rotated = order[rep % len(order):] + order[: rep % len(order)]
+        for key in rotated if rep % 2 == 0 else rotated[::-1]:
+            p = points[key]
+            samples[key]["step"].append(statistics.median(p.step_s() for _ in range(args.steps)))
+            samples[key]["attn"].append(statistics.median(p.attention_s() for _ in range(args.steps)))
+        bandwidth.append(probe.measure())
+        print(f"round {rep + 1}/{args.repeats} done", flush=True)
+
+    med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
+    short = min(args.contexts)
+    rows, out = [], []
+    lines = ["| kv cache | context | decode tok/s | step ms | attention ms (28 layers) | K/V GB/s | of weights GB/s "
+             "| vs context " + str(short) + " |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in args.kv_cache_dtypes:
+        s0 = med[(short, name)]
+        weights_gbs = weight_bytes / (s0["step"] - s0["attn"]) / 1e9
+        for ctx in args.contexts:
+            m, p = med[(ctx, name)], points[(ctx, name)]
+            kv_gbs = p.kv_bytes() / m["attn"] / 1e9
+            rel = s0["step"] / m["step"]
+            lines.append(f"| {name} | {ctx} | {1 / m['step']:.1f} | {m['step'] * 1e3:.1f} | {m['attn'] * 1e3:.2f} | "
+                         f"{kv_gbs:.1f} | {kv_gbs / weights_gbs:.0%} | {rel:.0%} |")
+            out.append({"kv_cache_dtype": name, "context": ctx, "step_s": m["step"], "attention_s": m["attn"],
+                        "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs, "weights_gb_s": weights_gbs,
+                        "decode_tok_s": 1 / m["step"], "relative_to_short": rel})
+        rows.append(f"- {name}: weights stream at {weights_gbs:.1f} GB/s ({weight_bytes / 1e9:.2f} GB a step)")
+    print("\n".join(lines))
+    print("\n".join(rows))
+    print(f"- bandwidth probe: {min(bandwidth):.1f}-{max(bandwidth):.1f} GB/s (median {statistics.median(bandwidth):.1f})")
+    if args.json:
+        args.json.write_text(json.dumps({"points": out, "bandwidth_gb_s": bandwidth, "args": vars(args) | {"json": str(args.json)}},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()
