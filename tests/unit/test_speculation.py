@@ -119,6 +119,29 @@ def test_low_acceptance_pauses_proposals_with_a_growing_backoff() -> None:
     assert spec.stats.num_drafts == sum(proposed) and spec.stats.num_accepted_tokens == 0
 
 
+def test_acceptance_that_does_not_pay_for_its_steps_pauses_proposals() -> None:
+    """Half the drafts accepted (2 tokens a verifying step) passes the rate floor, but when a
+    verifying step costs 2.5 plain ones the window fails; at a cost of 1.5 it goes on."""
+    cfg = SpeculativeConfig(num_speculative_tokens=2, prompt_lookup_min=1, prompt_lookup_max=1,
+                            acceptance_window=3, backoff_steps=4, min_acceptance_rate=0.2)
+    for cost, paused in ((2.5, True), (1.5, False)):
+        spec = Speculator(cfg, 1000)
+        assert spec.verify_cost(1) is None  # nothing measured: only the rate floor applies
+        spec.observe_step(1, 0.010, verified=False)
+        spec.observe_step(1, 0.010 * cost, verified=True)
+        assert spec.verify_cost(1) == pytest.approx(cost) and spec.verify_cost(2) is None
+        r = _request([1, 2, 1], max_tokens=None)
+        proposed = []
+        for _ in range(6):
+            spec.propose([r])
+            proposed.append(bool(r.draft_token_ids))
+            if r.draft_token_ids:  # the first draft accepted, the second not
+                d = r.draft_token_ids
+                spec.verify(r, d, [d[0], -1, -1][: len(d) + 1], batch=1)
+        assert proposed[:3] == [True] * 3
+        assert (not any(proposed[3:6])) if paused else all(proposed[3:6])
+
+
 def test_acceptance_counts_by_position() -> None:
     spec = Speculator(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1), 100)
     r = _request([1, 2])

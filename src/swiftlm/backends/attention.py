@@ -90,13 +90,21 @@ class DenseAttention:
 DecodeKernel = Callable[..., torch.Tensor]
 
 
+# With a decode kernel, a request of at most this many query rows (drafts being verified, a short
+# chunk after a long context) attends as that many decode rows, row j over keys 0 .. its position,
+# instead of gathering its whole context for SDPA
+SHORT_CHUNK_ROWS = 16
+
+
 class PagedAttention:
     """Attention over the paged KV pools.
 
     Prefill chunks gather their blocks and run SDPA. Decode requests (one query each) are
     batched: through ``decode_kernel`` when one is given (a fused kernel that reads each K/V
     row once, see ``swiftlm.backends.cpu.kernels.attention_cpu``), else in plain torch as one padded SDPA
-    call with a length mask (the oracle the kernel is tested against).
+    call with a length mask (the oracle the kernel is tested against). With the kernel, a chunk of
+    up to ``SHORT_CHUNK_ROWS`` rows joins the decode batch as one row per query (causal: row j
+    sees one key more than row j - 1), so verifying a few drafts costs no gather of the context.
     """
 
     def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None) -> None:
@@ -106,7 +114,7 @@ class PagedAttention:
         self._pools = (*kv_cache.pools(), *kv_cache.scale_pools())
 
     def bind(self, meta: AttentionMetadata) -> BoundPagedAttention:
-        decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel) if meta.decode_rows else None
+        decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel)
         return BoundPagedAttention(self.kv_cache, meta, decode, self._pools)
 
 
@@ -156,6 +164,8 @@ class BoundPagedAttention:
         bs = cache.block_size
         out = torch.empty_like(q)
         for r in meta.prefill_rows:
+            if decode is not None and r in decode.chunk_rows:
+                continue  # attends in the decode batch below
             lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
             n_blocks = (seq_len + bs - 1) // bs
             k_blocks, v_blocks = cache.gather(layer, meta.block_tables[r, :n_blocks])  # [n_blocks, bs, Hkv, D]
@@ -170,20 +180,30 @@ class BoundPagedAttention:
 
 @dataclass(slots=True)
 class _DecodeBatch:
-    rows: torch.Tensor  # [B] flat-batch row of each decode request's single query
+    rows: torch.Tensor  # [B] flat-batch row of each decode query
     block_tables: torch.Tensor  # [B, max_blocks]
     seq_lens: torch.Tensor  # [B]
     mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] True where a key is in context
     kernel: DecodeKernel | None
     whole_batch: bool  # the step is these decode rows alone, in order: q needs no gather
+    chunk_rows: frozenset[int]  # requests of several query rows attending here, one row per query
 
     @classmethod
-    def build(cls, meta: AttentionMetadata, block_size: int, kernel: DecodeKernel | None) -> _DecodeBatch:
-        idx = meta.decode_rows
+    def build(cls, meta: AttentionMetadata, block_size: int, kernel: DecodeKernel | None) -> _DecodeBatch | None:
+        qs = meta.query_start
+        chunks = [r for r in meta.prefill_rows if qs[r + 1] - qs[r] <= SHORT_CHUNK_ROWS] if kernel is not None else []
+        if not meta.decode_rows and not chunks:
+            return None
+        idx: list[int] = list(meta.decode_rows)  # the request of each decode query
         seq_lens = [meta.seq_lens[r] for r in idx]
+        starts = [qs[r] for r in idx]
+        for r in chunks:  # query row j of a chunk of n sits at position seq_len - n + j: keys up to it
+            n = qs[r + 1] - qs[r]
+            idx += [r] * n
+            seq_lens += [meta.seq_lens[r] - n + 1 + j for j in range(n)]
+            starts += range(qs[r], qs[r + 1])
         lens = torch.tensor(seq_lens)
         max_blocks = (max(seq_lens) + block_size - 1) // block_size
-        starts = [meta.query_start[r] for r in idx]
         whole = not meta.prefill_rows and starts == list(range(len(idx)))
         # the whole batch in order: the step's table as it is (no index copy)
         tables = meta.block_tables[:, :max_blocks] if whole else meta.block_tables[idx, :max_blocks]
@@ -192,7 +212,7 @@ class _DecodeBatch:
             keys = torch.arange(max_blocks * block_size)
             mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
         return cls(rows=torch.tensor(starts), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
-                   kernel=kernel, whole_batch=whole)
+                   kernel=kernel, whole_batch=whole, chunk_rows=frozenset(chunks))
 
     def attend(self, q: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         # q: [B, Hq, D] -> gathered keys [B, max_blocks * block_size, Hkv, D]

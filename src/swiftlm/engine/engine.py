@@ -342,6 +342,7 @@ class Engine:
                 rows.append(self._sampling_row(s.request))
                 if s.draft_token_ids and self.speculator is not None:
                     rows.extend(self.speculator.draft_rows(s.request, rows[-1], s.draft_token_ids))
+        t0 = time.perf_counter()
         try:
             results = self.runner.execute(plan, rows)
         except Exception as exc:  # a failed step fails its requests, not the engine
@@ -353,6 +354,10 @@ class Engine:
                 s.request.error = f"internal error: the engine failed in a model step: {exc}"
                 self.scheduler.finish(s.request, FinishReason.ERROR)
             return [s.request for s in plan.scheduled]
+        if self.speculator is not None and all(s.request.num_computed_tokens == s.request.num_tokens - 1
+                                               for s in plan.scheduled):  # decode rows (and drafts) alone
+            verified = any(s.draft_token_ids for s in plan.scheduled)
+            self.speculator.observe_step(len(plan.scheduled), time.perf_counter() - t0, verified)
         now = time.monotonic()
         touched = []
         for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
@@ -373,7 +378,8 @@ class Engine:
                 request.prompt_logprobs.extend(scored)
             if result is not None:
                 if s.draft_token_ids:
-                    self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now)
+                    self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now,
+                                          len(plan.scheduled))
                 else:
                     self._append(request, result, now)
                 touched.append(request)
@@ -406,14 +412,14 @@ class Engine:
         )
 
     def _append_verified(
-        self, request: Request, drafts: tuple[int, ...], sampled: list[SampledToken], now: float
+        self, request: Request, drafts: tuple[int, ...], sampled: list[SampledToken], now: float, batch: int
     ) -> None:
         """Emit a speculating request's accepted draft tokens and the token after them
         (``runner.spec_verify``), one at a time, until the request ends: tokens after a stop are
         dropped. Its computed count grows by the accepted drafts only (rejected rows' KV is
         overwritten later), so no block holding an unverified token is ever keyed."""
         assert self.speculator is not None
-        accepted = self.speculator.verify(request, drafts, [t.token_id for t in sampled])
+        accepted = self.speculator.verify(request, drafts, [t.token_id for t in sampled], batch)
         self._append(request, sampled[0], now)
         for result in sampled[1 : accepted + 1]:
             if request.is_finished:

@@ -14,6 +14,13 @@ Acceptance is tracked per request: after every ``acceptance_window`` proposals, 
 accepted / proposed draft tokens below ``min_acceptance_rate`` pauses proposals for
 ``backoff_steps`` decode steps, doubled on each consecutive failure (at most 16x), so a request
 whose text does not repeat (or a model that disagrees with its drafts) soon decodes plainly.
+
+The same pause follows when speculating does not pay for itself here: the engine reports how long
+its decode steps take (``observe_step``), with and without drafts, per number of requests in the
+step; a window whose tokens per verifying step (1 + accepted per proposal) fall short of how many
+plain steps a verifying one costs is a failed window too, and it fails after 3 proposals already. On a CPU a verifying step leaves the
+fused decode path (its rows attend as a chunk does), so on a small model it can cost 2-3 plain
+steps: a modest acceptance rate that would pay on a GPU loses here, and this measures which.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from swiftlm.runner.sampling_row import SamplingRow
 from swiftlm.runner.spec_verify import GeneratorRewind, accepted_length
 
 _MAX_BACKOFF_FACTOR = 16
+_EARLY_WINDOW = 3  # proposals after which a window that does not pay for its steps ends early
+_COST_EMA = 0.2  # weight of a new step time in the running averages
+_MAX_BATCH_KEY = 64  # step times are kept per number of requests in the step, up to this many
 
 
 class NgramIndex:
@@ -94,6 +104,24 @@ class Speculator:
         self.config = config
         self.max_model_len = max_model_len
         self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        # running averages of decode-step seconds by number of requests: without drafts, with some
+        self._plain_s: dict[int, float] = {}
+        self._verify_s: dict[int, float] = {}
+
+    def observe_step(self, num_requests: int, seconds: float, verified: bool) -> None:
+        """A decode step of ``num_requests`` requests (no prefill in it) took ``seconds``;
+        ``verified``: some of them checked drafts."""
+        key = min(num_requests, _MAX_BATCH_KEY)
+        table = self._verify_s if verified else self._plain_s
+        old = table.get(key)
+        table[key] = seconds if old is None else old + _COST_EMA * (seconds - old)
+
+    def verify_cost(self, num_requests: int) -> float | None:
+        """How many plain decode steps a verifying step of ``num_requests`` requests costs, once
+        both kinds have been seen (else None)."""
+        key = min(num_requests, _MAX_BATCH_KEY)
+        plain, verify = self._plain_s.get(key), self._verify_s.get(key)
+        return verify / plain if plain and verify else None
 
     def propose(self, running: Sequence[Request]) -> None:
         """Set ``draft_token_ids`` of every running request for the coming step ([] for none)."""
@@ -101,6 +129,10 @@ class Speculator:
         off = limit is not None and len(running) > limit
         for request in running:
             request.draft_token_ids = [] if off else self._propose(request)
+        key = min(len(running), _MAX_BATCH_KEY)
+        if key in self._verify_s and key not in self._plain_s:
+            for request in running:  # one plain step at this batch size: a verifying step's cost is relative to it
+                request.draft_token_ids = []
 
     def _propose(self, request: Request) -> list[int]:
         if request.status is not RequestStatus.RUNNING or request.num_tokens - request.num_computed_tokens != 1:
@@ -165,9 +197,10 @@ class Speculator:
             ))
         return rows
 
-    def verify(self, request: Request, drafts: Sequence[int], sampled: Sequence[int]) -> int:
+    def verify(self, request: Request, drafts: Sequence[int], sampled: Sequence[int], batch: int = 1) -> int:
         """How many drafts the sampled rows accept (``spec_verify.accepted_length``); counts them,
-        rewinds a seeded generator, and pauses the request's proposals if acceptance stays low."""
+        rewinds a seeded generator, and pauses the request's proposals if acceptance stays low or
+        does not pay for the verifying steps of ``batch`` requests."""
         a = accepted_length(sampled, drafts)
         stats = self.stats
         stats.num_drafts += 1
@@ -184,9 +217,13 @@ class Speculator:
         state.window_proposals += 1
         state.window_drafted += len(drafts)
         state.window_accepted += a
-        if state.window_proposals >= self.config.acceptance_window:
+        cost = self.verify_cost(batch)
+        per_step = 1 + state.window_accepted / state.window_proposals  # tokens a verifying step emitted
+        losing = cost is not None and per_step < cost
+        # a window ends after acceptance_window proposals, or after _EARLY_WINDOW when it is losing
+        if state.window_proposals >= self.config.acceptance_window or (losing and state.window_proposals >= _EARLY_WINDOW):
             base = self.config.backoff_steps
-            if state.window_accepted < self.config.min_acceptance_rate * state.window_drafted:
+            if losing or state.window_accepted < self.config.min_acceptance_rate * state.window_drafted:
                 state.paused_until = state.steps + state.backoff
                 state.backoff = min(2 * state.backoff, _MAX_BACKOFF_FACTOR * base)
             else:
