@@ -28,8 +28,9 @@ def swiftlm_engine(args: argparse.Namespace):
     from swiftlm import LLM, SamplingParams
 
     torch.set_num_threads(args.threads)
+    extra = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}  # older trees lack the field
     llm = LLM(args.model, dtype="bfloat16", quantization=args.quantization, kv_cache_memory=1 << 30,
-              enable_prefix_caching=False, max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype or "auto")
+              enable_prefix_caching=False, max_model_len=4096, **extra)
 
     def run(prompt: list[int], decode: int) -> tuple[float, float]:
         params = SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True)
