@@ -125,7 +125,7 @@ SERVE_ARGS = [
     "--no-enable-prefix-caching", "--kv-cache-memory", "2GiB", "--session-ttl", "30",
     "--max-session-tokens", "5000", "--quantization", "int8", "--api-key", "sk-test",
     "--served-model-name", "qwen3-0.6b", "--default-chat-template-kwargs", '{"enable_thinking": false}',
-    "--max-n", "4", "--log-level", "debug", "--no-cpu-kernels", "--cpu-prepack", "on",
+    "--max-n", "4", "--log-level", "debug", "--no-cpu-kernels", "--cpu-prepack", "on", "--kv-cache-dtype", "fp8",
 ]  # fmt: skip
 
 
@@ -138,7 +138,7 @@ def test_build_configs_maps_every_serve_flag() -> None:
         device="cuda:1",
         cache=CacheConfig(
             block_size=32, kv_cache_memory=2 * 2**30, enable_prefix_caching=False, session_ttl=30.0,
-            max_session_tokens=5000,
+            max_session_tokens=5000, kv_cache_dtype="fp8",
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=4096, max_queued_requests=10,

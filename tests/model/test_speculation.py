@@ -38,27 +38,29 @@ def spec_counts(llm: LLM) -> tuple[int, int, int]:
     return s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens
 
 
+def engine(path: Path, **extra) -> LLM:
+    return LLM(str(path), dtype="float32", max_num_seqs=128, max_queued_requests=2048, **extra)
+
+
 @pytest.fixture(scope="module")
 def base(tiny_untied_dir: Path) -> LLM:
-    return LLM(str(tiny_untied_dir), dtype="float32", max_num_seqs=128, max_queued_requests=2048)
+    return engine(tiny_untied_dir)
 
 
 @pytest.fixture(scope="module")
 def spec(tiny_untied_dir: Path) -> LLM:
-    return LLM(str(tiny_untied_dir), dtype="float32", max_num_seqs=128, max_queued_requests=2048,
-               speculative_config=SPEC)
+    return engine(tiny_untied_dir, speculative_config=SPEC)
 
 
 @pytest.fixture(scope="module")
 def base_tied(tiny_tied_dir: Path) -> LLM:
     """A model that repeats its last token unless a penalty stops it: penalties decide its output."""
-    return LLM(str(tiny_tied_dir), dtype="float32", max_num_seqs=128, max_queued_requests=2048)
+    return engine(tiny_tied_dir)
 
 
 @pytest.fixture(scope="module")
 def spec_tied(tiny_tied_dir: Path) -> LLM:
-    return LLM(str(tiny_tied_dir), dtype="float32", max_num_seqs=128, max_queued_requests=2048,
-               speculative_config=SPEC)
+    return engine(tiny_tied_dir, speculative_config=SPEC)
 
 
 @pytest.fixture()
