@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from swiftlm import LLM
+from swiftlm.backends.kv_cache import bytes_per_block
 from swiftlm.backends.kv_quant import kv_format
 from swiftlm.bench.bandwidth import BandwidthProbe
 from swiftlm.bench.engine_bench import streamed_weight_bytes
@@ -85,9 +86,8 @@ class Point:
         return time.perf_counter() - t0
 
     def kv_bytes(self) -> int:
-        cfg = self.engine.model.config
-        per_row = cfg.head_dim * (1 if self.cache.fmt else self.cache.dtype.itemsize) + (4 if self.cache.fmt else 0)
-        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * self.context * per_row
+        """K/V bytes (values and scales) of the context, every layer."""
+        return self.context * bytes_per_block(self.engine.model.config, 1, self.cache.dtype, self.cache.fmt)
 
 
 def main() -> None:

@@ -61,6 +61,16 @@ class InputText(_Strict):
     logprobs: list[Any] | None = None
 
 
+def _only_types(value: Any, allowed: tuple[str, ...], what: str, supported: str) -> Any:
+    """``value`` as it is, unless it is a list with an entry whose ``type`` is not in ``allowed``."""
+    if isinstance(value, list):
+        for i, entry in enumerate(value):
+            kind = entry.get("type") if isinstance(entry, dict) else None
+            if kind not in allowed:
+                raise ValueError(f"{what} {i} has type {kind!r}; {supported}")
+    return value
+
+
 class MessageItem(_Strict):
     type: Literal["message"] = "message"
     id: Id | None = None
@@ -71,15 +81,8 @@ class MessageItem(_Strict):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for j, part in enumerate(value):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind not in ("input_text", "output_text"):
-                    raise ValueError(
-                        f"content part {j} has type {kind!r}; only 'input_text' and 'output_text' parts are "
-                        "supported (the models served are text-only)"
-                    )
-        return value
+        return _only_types(value, ("input_text", "output_text"), "content part",
+                           "only 'input_text' and 'output_text' parts are supported (the models served are text-only)")
 
 
 class FunctionCallItem(_Strict):
@@ -236,12 +239,7 @@ class ResponsesRequest(_Strict):
     @field_validator("tools", mode="before")
     @classmethod
     def _function_tools_only(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for i, tool in enumerate(value):
-                kind = tool.get("type") if isinstance(tool, dict) else None
-                if kind != "function":
-                    raise ValueError(f"tool {i} has type {kind!r}; only function tools are supported")
-        return value
+        return _only_types(value, ("function",), "tool", "only function tools are supported")
 
     @field_validator("chat_template_kwargs")
     @classmethod
