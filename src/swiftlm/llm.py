@@ -29,11 +29,10 @@ Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
 _SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
 _ENGINE_KEYS = {"seed", "quantization", "cpu_prepack", "cpu_kernels", "cpu_disable_kernels", "chat_template",
-                "gguf_file", "generation_overrides", "speculative_config"}
+                "gguf_file", "generation_overrides", "speculative_config", "enforce_eager"}
 # vLLM's LLM(...) arguments that change nothing here, and why (accepted so vLLM code runs as written)
 VLLM_NO_OPS = {
     "enable_reasoning": "the offline API returns the text as generated, <think> included, as vLLM's does",
-    "enforce_eager": "no CUDA graphs are captured yet: every step runs eagerly",
     "swap_space": "preempted requests are recomputed, never swapped to CPU memory",
     "trust_remote_code": "no code from a checkpoint is ever run",
     "disable_log_stats": "no periodic stats line is logged",
@@ -80,6 +79,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         cache=cache, scheduler=sched, chat_template=kwargs.get("chat_template"), gguf_file=kwargs.get("gguf_file"),
         generation_overrides=dict(kwargs.get("generation_overrides") or {}),
         speculative=SpeculativeConfig.parse(kwargs.get("speculative_config")),
+        enforce_eager=bool(kwargs.get("enforce_eager", False)),
     )
 
 

@@ -115,9 +115,16 @@ def test_tool_call_parser_reaches_the_server_config() -> None:
 
 
 def test_accepted_flags_leave_the_configs_as_they_are() -> None:
-    accepted = ("--enable-reasoning --num-scheduler-steps 4 --disable-log-stats false --swap-space 4 --enforce-eager "
+    accepted = ("--enable-reasoning --num-scheduler-steps 4 --disable-log-stats false --swap-space 4 "
                 "--enable-batch-api --enable-auto-tool-choice --tool-call-parser hermes --trust-remote-code")
     assert configs(f"m {accepted}") == configs("m")
+
+
+def test_enforce_eager_reaches_the_engine_config() -> None:
+    """On CUDA it turns the decode graphs off; on a CPU nothing else changes."""
+    engine, server = configs("m --enforce-eager")
+    assert engine.enforce_eager and not configs("m")[0].enforce_eager
+    assert (dataclasses.replace(engine, enforce_eager=False), server) == configs("m")
 
 
 def test_several_served_model_names() -> None:

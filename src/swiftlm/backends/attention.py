@@ -202,16 +202,17 @@ class _DecodeBatch:
             idx += [r] * n
             seq_lens += [meta.seq_lens[r] - n + 1 + j for j in range(n)]
             starts += range(qs[r], qs[r + 1])
-        lens = torch.tensor(seq_lens)
+        device = meta.block_tables.device  # the step's device: no host tensor meets a device one
+        lens = torch.tensor(seq_lens, device=device)
         max_blocks = (max(seq_lens) + block_size - 1) // block_size
         whole = not meta.prefill_rows and starts == list(range(len(idx)))
         # the whole batch in order: the step's table as it is (no index copy)
         tables = meta.block_tables[:, :max_blocks] if whole else meta.block_tables[idx, :max_blocks]
         mask = None
         if kernel is None:
-            keys = torch.arange(max_blocks * block_size)
+            keys = torch.arange(max_blocks * block_size, device=device)
             mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
-        return cls(rows=torch.tensor(starts), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
+        return cls(rows=torch.tensor(starts, device=device), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
                    kernel=kernel, whole_batch=whole, chunk_rows=frozenset(chunks))
 
     def attend(self, q: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:

@@ -74,6 +74,11 @@ class Backend(ABC):
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         return model(input_ids, positions, attention)
 
+    def activation_bytes(self, model: DecoderForCausalLM, block_size: int, max_rows: int, head_rows: int) -> int | None:
+        """The measured memory of one step of ``max_rows`` tokens beyond the weights, for a device
+        whose KV pool takes what is left (None: not measured, a fixed reserve is kept)."""
+        return None
+
     def warm_up(self, model: DecoderForCausalLM, max_rows: int, head_rows: int) -> str | None:
         """Whatever the device builds lazily per shape, built now for steps of up to ``max_rows``
         tokens and ``head_rows`` sampled rows; returns what was done in words (None: nothing)."""

@@ -19,6 +19,7 @@ DEFAULT_MAX_KV_BYTES = 2 * 1024**3
 # Under --gpu-memory-utilization, what a step's activations, logits and library workspaces may take
 # beside the weights and the pool (Qwen3-0.6B at 512 tokens per step needs a few tens of MiB)
 GPU_ACTIVATION_RESERVE = 512 * 1024**2
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default, when neither it nor kv_cache_memory is given
 
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None) -> int:
@@ -41,10 +42,13 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
-def gpu_kv_budget(utilization: float, total: int, free: int, in_use: int) -> int:
+def gpu_kv_budget(
+    utilization: float, total: int, free: int, in_use: int, activation: int = GPU_ACTIVATION_RESERVE
+) -> int:
     """The KV bytes that ``utilization`` of a device's ``total`` memory leaves once this process's
-    ``in_use`` bytes (the loaded weights) and ``GPU_ACTIVATION_RESERVE`` are taken out; ``free``
-    is what the device has left now (other processes' memory is not ours to take)."""
+    ``in_use`` bytes (the loaded weights) and ``activation`` (a step's measured peak, by default
+    ``GPU_ACTIVATION_RESERVE``) are taken out; ``free`` is what the device has left now (other
+    processes' memory is not ours to take)."""
     asked = int(total * utilization)
     gib = 1024**3
     if asked > free + in_use:
@@ -52,7 +56,7 @@ def gpu_kv_budget(utilization: float, total: int, free: int, in_use: int) -> int
             f"gpu_memory_utilization {utilization} asks for {asked / gib:.1f} GiB of the device's "
             f"{total / gib:.1f} GiB, but only {(free + in_use) / gib:.1f} GiB are free for this process; lower it"
         )
-    budget = asked - in_use - GPU_ACTIVATION_RESERVE
+    budget = asked - in_use - activation
     if budget <= 0:
         raise ValueError(
             f"gpu_memory_utilization {utilization} ({asked / gib:.2f} GiB) leaves no room for a KV cache "
@@ -62,23 +66,27 @@ def gpu_kv_budget(utilization: float, total: int, free: int, in_use: int) -> int
 
 
 def num_blocks_for(
-    model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, max_useful_tokens: int, device: str = "cpu"
+    model: ModelConfig, cache: CacheConfig, dtype: torch.dtype, max_useful_tokens: int, device: str = "cpu",
+    activation_bytes: int | None = None,
 ) -> int:
     """How many blocks (null block included) the memory budget allows.
 
-    ``num_blocks`` wins, then ``kv_cache_memory``, then, on CUDA, ``gpu_memory_utilization``: the
-    pool takes all that the fraction leaves after the weights (as vLLM's does: more blocks keep
-    more prefixes cached). Otherwise the pool takes a fraction of available memory, capped at
+    ``num_blocks`` wins, then ``kv_cache_memory``, then, on CUDA, ``gpu_memory_utilization``
+    (``DEFAULT_GPU_MEMORY_UTILIZATION`` when not given): the pool takes all that the fraction
+    leaves after the weights (as vLLM's does: more blocks keep more prefixes cached). Otherwise the pool takes a fraction of available memory, capped at
     ``DEFAULT_MAX_KV_BYTES`` and at what ``max_useful_tokens`` (full batches and sessions) needs;
-    ``gpu_memory_utilization`` has no effect on a CPU.
+    ``gpu_memory_utilization`` has no effect on a CPU. ``activation_bytes``: a step's measured
+    peak on the device (``Backend.activation_bytes``), kept out of the CUDA budget.
     """
     if cache.num_blocks is not None:
         return cache.num_blocks
     budget = cache.kv_cache_memory
     per_block = bytes_per_block(model, cache.block_size, dtype, kv_format(cache.kv_cache_dtype))
-    if budget is None and cache.gpu_memory_utilization is not None and device.startswith("cuda"):
+    if budget is None and device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
-        budget = gpu_kv_budget(cache.gpu_memory_utilization, total, free, torch.cuda.memory_reserved(device))
+        reserve = GPU_ACTIVATION_RESERVE if activation_bytes is None else activation_bytes
+        utilization = cache.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+        budget = gpu_kv_budget(utilization, total, free, torch.cuda.memory_reserved(device), reserve)
     if budget is None:
         budget = int(available_memory_bytes() * cache.memory_fraction)
         budget = min(budget, DEFAULT_MAX_KV_BYTES, (max_useful_tokens // cache.block_size + 2) * per_block)

@@ -126,7 +126,11 @@ class Engine:
         sched = config.scheduler
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
         kv_dtype = self.model.model.embed_tokens.weight.dtype
-        num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens, config.device)
+        # rows that sample: one per running request, 1 + K of each speculating one
+        draft = config.speculative.num_speculative_tokens if config.speculative else 0
+        head_rows = min(sched.max_num_batched_tokens, sched.max_num_seqs * (1 + draft))
+        activation = self.backend.activation_bytes(self.model, cache.block_size, sched.max_num_batched_tokens, head_rows)
+        num_blocks = num_blocks_for(mcfg, cache, kv_dtype, useful_tokens, config.device, activation)
         self.kv_cache = self.backend.allocate_kv_cache(
             mcfg, num_blocks, cache.block_size, kv_dtype, kv_format(cache.kv_cache_dtype)
         )
@@ -136,9 +140,6 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.speculator = Speculator(config.speculative, self.max_model_len) if config.speculative else None
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
-        # rows that sample: one per running request, 1 + K of each speculating one
-        draft = config.speculative.num_speculative_tokens if config.speculative else 0
-        head_rows = min(sched.max_num_batched_tokens, sched.max_num_seqs * (1 + draft))
         warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, head_rows)
         self._parents: dict[str, _Parent] = {}
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)

@@ -99,16 +99,24 @@ def build_step_inputs(
     meta = AttentionMetadata(
         query_start=query_start,
         seq_lens=seq_lens,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        block_tables=block_tables.to(device),
+        slot_mapping=_on(device, torch.tensor(slots, dtype=torch.int64)),
+        block_tables=_on(device, block_tables),
         decode_rows=decode_rows,
         prefill_rows=prefill_rows,
     )
     return StepInputs(
-        input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        input_ids=_on(device, torch.tensor(ids, dtype=torch.int64)),
+        positions=_on(device, torch.tensor(positions, dtype=torch.int64)),
         attention=meta,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+        logits_indices=_on(device, torch.tensor(logits_rows, dtype=torch.int64)),
         sampling_requests=sampling,
         prompt_rows=prompt_rows,
     )
+
+
+def _on(device: str, host: torch.Tensor) -> torch.Tensor:
+    """A host tensor on ``device``: on CUDA through pinned memory, copied without waiting (the copy
+    is ordered on the stream before the step's kernels read it); elsewhere as it is."""
+    if not device.startswith("cuda"):
+        return host if device == "cpu" else host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

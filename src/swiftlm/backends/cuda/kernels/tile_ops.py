@@ -1,0 +1,47 @@
+"""The tile operations whose precision the kernels state: ``tl.dot`` and the rounding casts.
+
+``tile_dot``: ``input_precision="ieee"``: float32 tiles multiply in full float32 on the GPU (no
+TF32), as the interpreter does, so CI tests what the GPU runs; bfloat16 / float16 tiles multiply
+in their own precision with float32 accumulation (the argument does not apply to them).
+
+``round_to``: a cast that rounds to nearest even, as the GPU's does.
+
+``INTERPRETED`` is true under Triton's interpreter only (``interpreting()``), which differs from
+the GPU in two places (checked with Triton 3.9): its ``tl.dot`` multiplies the raw bits of
+bfloat16 tiles (it holds them as uint16), and its float32 -> bfloat16 cast truncates. There,
+bfloat16 tiles are converted to float32 before the dot (exact, and a product of two bfloat16
+values is exact in float32: the same sum as the GPU's bfloat16 dot with float32 accumulation, up
+to the order of the additions), and the cast rounds to nearest even by hand on the bits."""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def tile_dot(a, b, INTERPRETED: tl.constexpr):
+    if INTERPRETED:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    if INTERPRETED and dtype == tl.bfloat16 and x.dtype == tl.float32:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round the low 16 bits to nearest, ties to even
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+def interpreting() -> bool:
+    """Whether kernels launched now run under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
