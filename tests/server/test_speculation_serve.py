@@ -1,5 +1,6 @@
 """The server with speculative decoding: the same answer as without it, the spec_decode counters on
-/metrics, the per-request ``num_speculative_tokens`` field (and its 400 on a server without it)."""
+/metrics, the per-request ``num_speculative_tokens`` field on chat and the Responses API (and its 400 on a
+server without it)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,12 @@ def test_speculating_server_answers_the_same_and_counts(start_server, tiny_tied_
     assert off.json()["choices"][0]["message"]["content"] == want
     assert _metric(spec, "swiftlm:spec_decode_num_drafts") == drafts  # that request proposed nothing
     refused = _chat(plain, num_speculative_tokens=2)
+    assert refused.status_code == 400 and "speculative decoding is off" in refused.json()["error"]["message"]
+    # the Responses API takes the same field
+    response = {"model": spec.model, "input": "say it again and again", "max_output_tokens": 8, "temperature": 0,
+                "enable_thinking": False, "store": False, "num_speculative_tokens": 0}
+    assert httpx.post(spec.v1 + "/responses", json=response, timeout=60).status_code == 200
+    assert _metric(spec, "swiftlm:spec_decode_num_drafts") == drafts
+    refused = httpx.post(plain.v1 + "/responses", json={**response, "model": plain.model, "num_speculative_tokens": 2}, timeout=60)
     assert refused.status_code == 400 and "speculative decoding is off" in refused.json()["error"]["message"]
     spec.assert_no_leaks()

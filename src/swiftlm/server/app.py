@@ -17,7 +17,7 @@ from swiftlm.server.body_limit import BodyLimit
 from swiftlm.server.errors import OpenAIError, install_error_handlers
 from swiftlm.server.openapi import install_openapi
 from swiftlm.server.response_store import ResponseStore
-from swiftlm.server.routes import batches, chat, completions, debug, files, misc, responses
+from swiftlm.server.routes import batches, chat, completions, debug, files, misc, responses, ui
 from swiftlm.server.state import ServerState
 
 
@@ -54,12 +54,15 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
     state.responses = ResponseStore(storage, retention)  # beside the Batch API's jobs
     app.include_router(responses.router)
     app.router.on_shutdown.append(state.responses.close)
+    app.router.on_shutdown.append(state.close_response_cache)
     if config.enable_debug_endpoints:
         app.include_router(debug.router)
+    if config.enable_ui:
+        app.include_router(ui.router)
     if config.enable_batch_api:
         state.batch_api = BatchApi.open(
             config.batch_storage_dir, config.port, InProcessCall(app), config.max_batch_file_bytes,
-            config.batch_retention_hours, config.batch_max_concurrent_lines,
+            config.batch_retention_hours, config.batch_max_concurrent_lines, shared=config.batch_storage_shared,
         )
         state.metrics.watch_batches(lambda: state.batch_api.runner.counts)
         app.include_router(files.router)

@@ -17,7 +17,8 @@ from starlette.types import Scope
 from swiftlm.config import ApiKeySpec, ServerConfig
 from swiftlm.server.errors import unauthorized
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ping", "/version", "/"})
+UI_PREFIX = "/ui/"  # the web playground's static files (its API calls carry the key the page is given)
 CALLER = "swiftlm.caller"  # ASGI scope key: the Caller of this request, set once it is authenticated
 
 
@@ -63,7 +64,7 @@ class KeyRing:
 
     def caller(self, request: Request) -> Caller | None:
         """The request's caller (None on the open paths); raises 401 for a missing or wrong key."""
-        if request.url.path in OPEN_PATHS:
+        if request.url.path in OPEN_PATHS or request.url.path.startswith(UI_PREFIX):
             return None
         token = bearer_token(request)
         if self.required and token is None:

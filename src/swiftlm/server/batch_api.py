@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from swiftlm.batch.leases import JobLeases
 from swiftlm.batch.runner import BatchLimits, BatchRunner, LineCall
 from swiftlm.batch.store import BatchStore
 from swiftlm.platform import user_cache_dir
@@ -50,17 +53,25 @@ class BatchApi:
     store: BatchStore
     runner: BatchRunner
     max_file_bytes: int
-    lock_fd: int
+    lock_fd: int | None  # None: the storage is shared (replicas), each job held by a lease instead
+    leases: JobLeases | None = None
 
     @classmethod
     def open(cls, storage_dir: str | None, port: int, call: LineCall, max_file_bytes: int,
-             retention_hours: float | None, max_concurrent_lines: int) -> BatchApi:
+             retention_hours: float | None, max_concurrent_lines: int, shared: bool = False) -> BatchApi:
+        """``shared``: other live processes (replicas) use the same storage; no process locks it,
+        and each job runs in the one process holding its lease (``swiftlm.batch.leases``)."""
         root = Path(storage_dir).expanduser() if storage_dir else default_storage_dir(port)
-        lock = lock_storage(root)
-        store = BatchStore(root)
+        lock = None if shared else lock_storage(root)
+        if shared:
+            root.mkdir(parents=True, exist_ok=True)
+        store = BatchStore(root, sweep_orphans=not shared)
+        leases = JobLeases(root) if shared else None
         limits = BatchLimits(max_concurrent_lines=max_concurrent_lines,
                              retention_s=None if retention_hours is None else retention_hours * 3600.0)
-        return cls(store, BatchRunner(store, call, limits), max_file_bytes, lock)
+        holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        runner = BatchRunner(store, call, limits, leases=leases, holder=holder)
+        return cls(store, runner, max_file_bytes, lock, leases)
 
     async def start(self) -> None:
         await self.runner.start()
@@ -68,4 +79,7 @@ class BatchApi:
     async def close(self) -> None:
         await self.runner.close()
         self.store.close()
-        os.close(self.lock_fd)  # releases the lock
+        if self.leases is not None:
+            self.leases.close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # releases the lock

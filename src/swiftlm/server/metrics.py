@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from swiftlm.batch.runner import BatchCounts
 from swiftlm.core.outputs import RequestMetrics
-from swiftlm.engine.engine import EngineStats
+from swiftlm.engine.engine import Engine, EngineStats
+from swiftlm.server.device_metrics import BackendPlan, DeviceCollector, NvmlCollector
+from swiftlm.server.response_cache import CacheStats
+from swiftlm.server.vllm_metric_names import WithVllmNames
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -85,6 +88,28 @@ class _BatchCollector(Collector):
         yield done
 
 
+class _ResponseCacheCollector(Collector):
+    """The response cache: lookups answered (hits) and not (misses), what it holds now."""
+
+    def __init__(self, stats: Callable[[], CacheStats], model: str) -> None:
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator:
+        stats = self._stats()
+        for name, doc, value, family in (
+            ("swiftlm:response_cache_hits", "Requests answered from the response cache.", stats.hits, CounterMetricFamily),
+            ("swiftlm:response_cache_misses", "Cacheable requests not found in the response cache.", stats.misses,
+             CounterMetricFamily),
+            ("swiftlm:response_cache_entries", "Answers held by the response cache.", stats.entries, GaugeMetricFamily),
+            ("swiftlm:response_cache_bytes", "Bytes of answers held by the response cache.", stats.bytes,
+             GaugeMetricFamily),
+        ):
+            metric = family(name, doc, labels=["model_name"])
+            metric.add_metric([self._model], value)
+            yield metric
+
+
 class ServerMetrics:
     def __init__(self, model: str, stats: Callable[[], EngineStats | None]) -> None:
         self.model = model
@@ -104,6 +129,12 @@ class ServerMetrics:
             "swiftlm:tool_call_parse_errors", "Tool calls whose JSON did not parse, returned as content.", labels, registry=r
         )
         r.register(_EngineCollector(stats, model))
+        self.thinking_auto = Counter(
+            "swiftlm:thinking_auto_decisions", 'Thinking decided by the rule set (enable_thinking "auto"), by outcome.',
+            [*labels, "decision"], registry=r,
+        )
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        self.exported = r  # what /metrics renders: r, or r and the vLLM names (--metric-names vllm)
 
     def observe_finished(self, metrics: RequestMetrics | None, prompt_tokens: int, output_tokens: int, finish_reason: str) -> None:
         m = self.model
@@ -125,8 +156,23 @@ class ServerMetrics:
         """Report the Batch API's line counts (when it is on)."""
         self.registry.register(_BatchCollector(counts, self.model))
 
+    def watch_device(self, engine: Engine) -> None:
+        """Report what ``engine`` runs on: threads, the backend's plan and, on CUDA, its GPUs."""
+        self.registry.register(DeviceCollector(BackendPlan.of(engine), self.model))
+        if str(engine.backend.device).startswith("cuda"):
+            self.registry.register(NvmlCollector())
+
+    def export_vllm_names(self) -> None:
+        """Also export the metrics vLLM has under its names (``vllm:...``)."""
+        self.exported = CollectorRegistry(auto_describe=False)
+        self.exported.register(WithVllmNames(self.registry))
+
+    def watch_response_cache(self, stats: Callable[[], CacheStats]) -> None:
+        """Report the response cache's hits, misses, entries and bytes (when it is on)."""
+        self.registry.register(_ResponseCacheCollector(stats, self.model))
+
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exported)

@@ -82,6 +82,16 @@ def _stop_list(value: Any) -> Any:
 # A bare string or a list of up to 16 strings; always a list after validation.
 Stop = Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]], BeforeValidator(_stop_list),
                  Field(max_length=MAX_STOP_STRINGS)]
+
+
+def _thinking_switch(value: Any) -> Any:
+    if value is None or isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError('enable_thinking must be true, false or "auto"')
+
+
+# enable_thinking: true, false, or "auto" (the server's rule set decides; swiftlm.text.thinking_rules)
+ThinkingSwitch = Annotated[StrictBool | Literal["auto"] | None, BeforeValidator(_thinking_switch)]
 # OpenAI's reasoning_effort; its effect on thinking: swiftlm.core.generation.resolve_thinking
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
@@ -253,8 +263,9 @@ def _check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
         raise ValueError(f"{', '.join(reserved)} cannot be set through chat_template_kwargs")
-    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool | None):
-        raise ValueError("enable_thinking must be true or false")
+    if "enable_thinking" in kwargs and not (isinstance(kwargs["enable_thinking"], bool | None)
+                                            or kwargs["enable_thinking"] == "auto"):
+        raise ValueError('enable_thinking must be true, false or "auto"')
     return kwargs
 
 
@@ -301,6 +312,7 @@ class BaseSamplingRequest(_Request):
     request_id: Id | None = None
     priority: _int(ge=-(2**31), le=2**31 - 1) = 0  # vLLM's: lower is served earlier (--scheduling-policy priority)
     use_cache: StrictBool | None = None
+    cache: StrictBool | None = None  # false: not answered from, nor stored in, the response cache
     clean_up_tokenization_spaces: StrictBool | None = None
     best_of: _int(ge=1) | None = None
     prompt_logprobs: _int(ge=0, le=MAX_TOP_LOGPROBS) | None = None  # vLLM's: score the prompt too
@@ -337,8 +349,10 @@ class ChatCompletionRequest(BaseSamplingRequest):
     Length limit precedence: max_completion_tokens > max_tokens > max_new_tokens > the server's
     default (see request_mapping). ``top_logprobs`` (0..20) requires ``logprobs: true``.
     Thinking: top-level ``enable_thinking`` > ``chat_template_kwargs.enable_thinking`` >
-    ``reasoning_effort`` > the server's default template kwargs > on (the table is
-    ``swiftlm.core.generation.resolve_thinking``'s). ``return_reasoning: false`` drops the reasoning
+    ``reasoning_effort`` > the server's default template kwargs > ``--default-thinking`` > on (the
+    table is ``swiftlm.core.generation.resolve_thinking_choice``'s); "auto" leaves the decision
+    to the server's rule set (``swiftlm.text.thinking_rules``). ``cache: false``: not answered from
+    nor stored in the response cache (``swiftlm.server.response_cache``). ``return_reasoning: false`` drops the reasoning
     from the response (it is still generated unless thinking is off); ``thinking_budget`` (vLLM's
     name: ``thinking_token_budget``, an alias; sending both with different values is an error)
     caps the reasoning tokens, else ``reasoning_effort``'s default budget does
@@ -359,7 +373,7 @@ class ChatCompletionRequest(BaseSamplingRequest):
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    enable_thinking: StrictBool | None = None
+    enable_thinking: ThinkingSwitch = None  # "auto": the server's rule set decides
     reasoning_effort: ReasoningEffort | None = None
     return_reasoning: StrictBool = True
     thinking_budget: _int(ge=0) | None = None
@@ -449,7 +463,7 @@ class TokenizeRequest(_Request):
     add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    enable_thinking: StrictBool | None = None
+    enable_thinking: ThinkingSwitch = None  # "auto": the server's rule set decides
     reasoning_effort: ReasoningEffort | None = None
     tools: list[Tool] | None = None
     return_token_strs: StrictBool = False
@@ -573,6 +587,7 @@ class ChatCompletionResponse(_Response):
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with the request's prompt_logprobs
+    swiftlm: dict[str, Any] | None = None  # extension: the thinking decision, the response cache's hit or miss
 
 
 class DeltaFunctionCall(_Response):
@@ -616,6 +631,7 @@ class ChatCompletionChunk(_Response):
     choices: list[ChatCompletionChunkChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    swiftlm: dict[str, Any] | None = None  # extension, on the first chunk: as ChatCompletionResponse's
 
 
 class CompletionLogprobs(_Response):
@@ -644,6 +660,7 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+    swiftlm: dict[str, Any] | None = None  # extension: the response cache's hit or miss
 
 
 class CompletionChunk(CompletionResponse):

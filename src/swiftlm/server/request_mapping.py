@@ -16,8 +16,9 @@ Decisions:
 - Empty stop strings are dropped (they cannot mean anything).
 - ``developer`` messages are rendered as ``system``: OpenAI's newer name for the same thing.
   Qwen3's template has no ``developer`` role (it would drop the message silently).
-- Thinking: decided by ``swiftlm.core.generation.resolve_thinking`` (its docstring holds the
-  precedence table); ``thinking_enabled`` only hands it the request's fields. The thinking budget:
+- Thinking: decided by ``swiftlm.core.generation.resolve_thinking_choice`` (its docstring holds the
+  precedence table); ``thinking_choice`` only hands it the request's fields, the server's
+  defaults and, for "auto", the rule set (``swiftlm.text.thinking_rules``) over the last user message. The thinking budget:
   ``thinking_budget`` (or its alias ``thinking_token_budget``) > ``reasoning_effort``'s default
   budget > none (``resolve_thinking_budget``).
 - ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
@@ -30,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from swiftlm.core.generation import resolve_thinking, resolve_thinking_budget
+from swiftlm.core.generation import ThinkingChoice, resolve_thinking_budget, resolve_thinking_choice
 from swiftlm.sampling import SamplingParams
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.protocol import (
@@ -41,6 +42,7 @@ from swiftlm.server.protocol import (
     TokenizeRequest,
 )
 from swiftlm.server.structured_mapping import structured_output
+from swiftlm.text.thinking_rules import ThinkingRules, last_user_text
 
 DEFAULT_MAX_N = 16
 OPENAI_DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -253,20 +255,44 @@ def template_tools(req: ChatCompletionRequest | TokenizeRequest) -> list[dict[st
     return [tool.model_dump(exclude_none=True) for tool in req.tools]
 
 
+def thinking_choice(
+    req: ChatCompletionRequest | TokenizeRequest,
+    server_default_kwargs: Mapping[str, Any] | None,
+    can_think: bool = True,
+    *,
+    default_thinking: str | None = None,
+    rules: ThinkingRules | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> ThinkingChoice:
+    """The request's thinking fields in ``resolve_thinking_choice``'s rows; ``can_think``: the
+    tokenizer has think tokens; ``rules`` decide "auto" from the last user message of
+    ``messages`` (the whole conversation, a session's transcript included)."""
+    decide = None
+    if rules is not None:
+        def decide() -> bool:
+            return rules.decide(last_user_text(messages or [])).thinking
+    try:
+        return resolve_thinking_choice(
+            enable_thinking=req.enable_thinking,
+            template_kwargs=req.chat_template_kwargs,
+            reasoning_effort=req.reasoning_effort,
+            default_template_kwargs=server_default_kwargs,
+            default_thinking=default_thinking,
+            decide_auto=decide,
+            can_think=can_think,
+        )
+    except ValueError as exc:
+        raise bad_request(str(exc), param="enable_thinking") from exc
+
+
 def thinking_enabled(
     req: ChatCompletionRequest | TokenizeRequest,
     server_default_kwargs: Mapping[str, Any] | None,
     can_think: bool = True,
+    **auto: Any,
 ) -> bool:
-    """The request's thinking fields in ``resolve_thinking``'s rows; ``can_think``: the tokenizer
-    has think tokens."""
-    return resolve_thinking(
-        enable_thinking=req.enable_thinking,
-        template_kwargs=req.chat_template_kwargs,
-        reasoning_effort=req.reasoning_effort,
-        default_template_kwargs=server_default_kwargs,
-        can_think=can_think,
-    )
+    """``thinking_choice(...).thinking``."""
+    return thinking_choice(req, server_default_kwargs, can_think, **auto).thinking
 
 
 def template_kwargs(

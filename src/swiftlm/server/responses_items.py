@@ -85,6 +85,7 @@ def chat_request(req: ResponsesRequest, messages: list[dict[str, Any]], session_
     body: dict[str, Any] = {
         "model": req.model, "messages": messages, "max_completion_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+        "num_speculative_tokens": req.num_speculative_tokens,
         "enable_thinking": req.enable_thinking, "chat_template_kwargs": req.chat_template_kwargs,
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
         "parallel_tool_calls": req.parallel_tool_calls, "user": req.user, "session_id": session_id,

@@ -230,6 +230,7 @@ class ResponsesRequest(_Strict):
     chat_template_kwargs: dict[str, Any] | None = None
     top_k: _int(ge=-1) | None = None
     seed: _int(ge=-(2**63), le=2**64 - 1) | None = None
+    num_speculative_tokens: _int(ge=0) | None = None  # as on chat: 0 off, k caps the draft (--speculative-config)
 
     @field_validator("input", mode="before")
     @classmethod

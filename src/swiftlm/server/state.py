@@ -15,9 +15,12 @@ from swiftlm.server.auth import Caller, KeyRing
 from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
+from swiftlm.server.model_identity import model_identity
 from swiftlm.server.quotas import RateLimits
+from swiftlm.server.response_cache import ResponseCache, cache_identity, open_response_cache, server_identity
 from swiftlm.server.response_store import ResponseStore
 from swiftlm.text.session_prompt import SessionPrompts
+from swiftlm.text.thinking_rules import ThinkingRules, load_thinking_rules
 
 
 @dataclass(slots=True)
@@ -36,6 +39,8 @@ class ServerState:
     responses: ResponseStore | None = None  # the Responses API's stored responses
     keys: KeyRing = field(init=False)
     limits: RateLimits = field(init=False)
+    thinking_rules: ThinkingRules = field(init=False)  # enable_thinking "auto" (--thinking-rules)
+    response_cache: ResponseCache | None = None  # --response-cache; made once the model's identity is known
 
     def __post_init__(self) -> None:
         self.keys = KeyRing(self.config)
@@ -43,10 +48,22 @@ class ServerState:
         self.model_names = self.config.served_model_names or (self.model_name,)
         self.model_name = self.model_names[0]
         self.metrics = ServerMetrics(self.model_name, self.engine_stats)
+        self.thinking_rules = load_thinking_rules(self.config.thinking_rules_path)
+        if self.config.metric_names == "vllm":
+            self.metrics.export_vllm_names()
 
     def attach(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens)
+        if self.config.response_cache is not None:
+            server = server_identity(self.config, self.thinking_rules)
+            self.response_cache = open_response_cache(self.config, cache_identity(model_identity(engine.engine), server))
+            self.metrics.watch_response_cache(self.response_cache.stats)
+        self.metrics.watch_device(engine.engine)
+
+    def close_response_cache(self) -> None:
+        if self.response_cache is not None:
+            self.response_cache.close()
 
     @property
     def scheduling_policy(self) -> str:

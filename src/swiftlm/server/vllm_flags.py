@@ -3,7 +3,7 @@
 Each flag either does here what it does in vLLM, or is accepted with the reason it changes
 nothing (its help says which). ``no_effect`` names the flags given whose asked-for effect does not
 happen on this device; ``swiftlm serve`` logs them in one line at start. A flag whose request is
-what swiftlm does anyway (``--enforce-eager``: no CUDA graphs are captured; ``--tensor-parallel-size
+what swiftlm does anyway (``--enforce-eager`` on a CPU: no graphs there; ``--tensor-parallel-size
 1``; ``--enable-reasoning``: reasoning is separated by default; ``--enable-auto-tool-choice``: tool
 calls are parsed by default; ``--enable-batch-api``: the Batch API is on by default) is not listed.
 """
@@ -65,7 +65,7 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--swap-space", type=float, metavar="GiB",
                    help="accepted, no effect: preempted requests are recomputed, never swapped to CPU memory")
     g.add_argument("--enforce-eager", action="store_true",
-                   help="accepted: swiftlm captures no CUDA graphs yet, so it always runs eagerly")
+                   help="CUDA: capture no decode graphs, run every step eagerly (on a CPU: no effect)")
     g.add_argument("--enable-batch-api", action="store_true",
                    help="accepted: the Batch API (/v1/files, /v1/batches) is on unless --disable-batch-api")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",

@@ -29,6 +29,14 @@ from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
+from swiftlm.server.cache_lookup import cache_use, lookup
+from swiftlm.server.cached_answers import (
+    chat_answer_from_chunks,
+    chat_hit_events,
+    nothing_to_abort,
+    replayed,
+    whole_hit,
+)
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of, vllm_prompt_logprobs
@@ -55,7 +63,7 @@ from swiftlm.server.request_mapping import (
     sampling_params_from_chat,
     template_kwargs,
     template_tools,
-    thinking_enabled,
+    thinking_choice,
 )
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
@@ -77,6 +85,7 @@ class ChatTurn:
     tools: list[dict] | None
     separate: bool  # the reasoning is split from the answer (thinking on, a reasoning parser)
     tool_policy: ToolPolicy  # whether tool calls are parsed from the answer, and how many
+    thinking_label: str  # what the response reports: "on", "off", "auto:on", "auto:off"
 
 
 def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -> ChatTurn:
@@ -88,7 +97,13 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
     check_prompt_chars([str(m.get("content") or "") for m in new_messages], engine.max_model_len, "messages")
     messages = state.session_prompts.conversation(session_key, new_messages, reset=req.session_reset)
     defaults = state.config.default_chat_template_kwargs
-    thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
+    choice = thinking_choice(
+        req, defaults, can_think=tokenizer.think_end_id is not None, default_thinking=state.config.default_thinking,
+        rules=state.thinking_rules, messages=messages,
+    )
+    thinking = choice.thinking
+    if choice.auto:
+        state.metrics.thinking_auto.labels(state.model_name, "on" if thinking else "off").inc()
     policy = tool_policy(req, state.config.tool_call_parser)
     tools = template_tools(req)
     kwargs = template_kwargs(req, defaults, thinking)
@@ -109,12 +124,14 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
                 "response_format (or structured outputs); give one of them", param="tool_choice",
             )
         params = dataclasses.replace(params, structured_outputs=policy.constraint)
+    if choice.auto and thinking and params.thinking_budget is None and state.config.auto_thinking_budget is not None:
+        params = dataclasses.replace(params, thinking_budget=state.config.auto_thinking_budget)
     request = GenerationRequest(
         request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
         priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
     )
-    return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy)
+    return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy, choice.label)
 
 
 @router.post(
@@ -126,21 +143,34 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Re
     turn = prepare_chat(state, req, raw)
     request = turn.request
     caller = request_caller(raw)
+    use = cache_use(state, req, raw, "chat", request.sampling_params)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    answer = lookup(use)
+    if answer is not None:  # nothing to compute: counted as a request, not as tokens
+        state.admit(caller, 0)
+        hit = dataclasses.replace(use, status="hit")
+        if request.stream:
+            return hit.mark(EventStream(replayed(chat_hit_events(answer, request.request_id, include_usage)), nothing_to_abort))
+        return hit.mark(Response(whole_hit(answer, request.request_id), media_type="application/json"))
     state.admit(caller, len(request.prompt_token_ids))
     stream = state.submit(request, caller)
+    extension = {"thinking": turn.thinking_label, **use.extension}
     if request.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         engine = state.ready_engine()
-        return EventStream(
-            stream_chat(state, req, turn, stream, include_usage), lambda: engine.abort(request.request_id)
-        )
+        events = stream_chat(state, req, turn, stream, include_usage or use.key is not None, extension)
+        events = use.record(events, chat_answer_from_chunks, include_usage, turn.thinking_label)
+        return use.mark(EventStream(events, lambda: engine.abort(request.request_id)))
     try:
         out = await stream.final()
     except Exception as exc:
         raise stream_failure(exc) from exc
     if out.error:
         raise output_error(out.error)
-    return Response(whole_answer(state, req, turn, out).model_dump_json(exclude_none=True), media_type="application/json")
+    body = whole_answer(state, req, turn, out)
+    body.swiftlm = extension
+    text = body.model_dump_json(exclude_none=True)
+    use.keep_json(text, turn.thinking_label)
+    return use.mark(Response(text, media_type="application/json"))
 
 
 def whole_answer(state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, out: RequestOutput) -> ChatCompletionResponse:
@@ -184,7 +214,8 @@ def whole_answer(state: ServerState, req: ChatCompletionRequest, turn: ChatTurn,
 
 
 async def stream_chat(
-    state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, stream: RequestStream, include_usage: bool
+    state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, stream: RequestStream, include_usage: bool,
+    extension: dict | None = None,
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     created = int(time.time())
@@ -195,11 +226,13 @@ async def stream_chat(
     contents = [""] * n
     k = req.top_logprobs or 0
 
-    def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None = None) -> str:
-        body = ChatCompletionChunk(id=turn.request.request_id, created=created, model=state.response_model(req.model), choices=choices, usage=usage)
+    def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None = None, ext: dict | None = None) -> str:
+        body = ChatCompletionChunk(id=turn.request.request_id, created=created, model=state.response_model(req.model),
+                                   choices=choices, usage=usage, swiftlm=ext)
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
 
-    yield chunk([ChatCompletionChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(n)])
+    yield chunk([ChatCompletionChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")) for i in range(n)],
+                ext=extension)
     last = None
     previous = time.monotonic()
     try:

@@ -9,6 +9,7 @@ logprobs come from the forward pass that computes the prompt (``SamplingParams.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -20,6 +21,14 @@ from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
+from swiftlm.server.cache_lookup import cache_use, lookup
+from swiftlm.server.cached_answers import (
+    completion_answer_from_chunks,
+    completion_hit_events,
+    nothing_to_abort,
+    replayed,
+    whole_hit,
+)
 from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from swiftlm.server.protocol import (
@@ -72,6 +81,15 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
         prepared.append((text, ids, params))
     caller = request_caller(raw)
+    use = cache_use(state, req, raw, "completions", prepared[0][2])
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    answer = lookup(use)
+    if answer is not None:  # nothing to compute: counted as a request, not as tokens
+        state.admit(caller, 0)
+        hit = dataclasses.replace(use, status="hit")
+        if req.stream:
+            return hit.mark(EventStream(replayed(completion_hit_events(answer, request_id, include_usage)), nothing_to_abort))
+        return hit.mark(Response(whole_hit(answer, request_id), media_type="application/json"))
     state.admit(caller, sum(len(ids) for _, ids, _ in prepared))
     streams: list[RequestStream] = []
     try:
@@ -89,12 +107,12 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         raise
     n = prepared[0][2].n
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         def close() -> None:
             for s in streams:
                 engine.abort(s.request_id)
 
-        return EventStream(_stream(state, req, request_id, streams, n, include_usage), close)
+        events = _stream(state, req, request_id, streams, n, include_usage or use.key is not None, use.extension)
+        return use.mark(EventStream(use.record(events, completion_answer_from_chunks, include_usage), close))
     try:
         outs = await asyncio.gather(*(s.final() for s in streams))
     except Exception as exc:
@@ -123,8 +141,11 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         cached += out.num_cached_tokens
         state.metrics.observe_finished(out.metrics, len(out.prompt_token_ids), sum(len(s.token_ids) for s in out.outputs), out.outputs[0].finish_reason or "stop")
     usage = UsageInfo.of(prompt_tokens, completion_tokens, cached)
-    body = CompletionResponse(id=request_id, model=state.response_model(req.model), choices=choices, usage=usage)
-    return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
+    body = CompletionResponse(id=request_id, model=state.response_model(req.model), choices=choices, usage=usage,
+                              swiftlm=use.extension or None)
+    text = body.model_dump_json(exclude_none=True)
+    use.keep_json(text)
+    return use.mark(Response(text, media_type="application/json"))
 
 
 def _echoed_logprobs(state: ServerState, req: CompletionRequest, out: RequestOutput) -> CompletionLogprobs | None:
@@ -141,7 +162,8 @@ def _vllm_prompt_logprobs(state: ServerState, req: CompletionRequest, out: Reque
 
 
 async def _stream(
-    state: ServerState, req: CompletionRequest, request_id: str, streams: list[RequestStream], n: int, include_usage: bool
+    state: ServerState, req: CompletionRequest, request_id: str, streams: list[RequestStream], n: int, include_usage: bool,
+    extension: dict | None = None,
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     created = int(time.time())
@@ -199,7 +221,9 @@ async def _stream(
                     logprobs = join_logprobs(echoed, logprobs)
                 offsets[index] = offsets.get(index, 0) + len(seq.text)
                 choices.append(CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
-            body = CompletionChunk(id=request_id, created=created, model=state.response_model(req.model), choices=choices)
+            body = CompletionChunk(id=request_id, created=created, model=state.response_model(req.model), choices=choices,
+                                   swiftlm=extension or None)
+            extension = None  # on the first chunk only
             yield f"data: {body.model_dump_json(exclude_none=True)}\n\n"
             if item.finished:
                 finals[p] = item

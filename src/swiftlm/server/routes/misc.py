@@ -74,11 +74,15 @@ async def tokenize(req: TokenizeRequest, raw: Request) -> Response:
     tokenizer = engine.tokenizer
     if req.messages is not None:
         defaults = state.config.default_chat_template_kwargs
-        thinking = thinking_enabled(req, defaults, can_think=tokenizer.think_end_id is not None)
+        messages = chat_messages(req.messages)
+        thinking = thinking_enabled(
+            req, defaults, can_think=tokenizer.think_end_id is not None,
+            default_thinking=state.config.default_thinking, rules=state.thinking_rules, messages=messages,
+        )
         kwargs = template_kwargs(req, defaults, thinking)
         try:
             text = tokenizer.apply_chat_template(
-                chat_messages(req.messages), add_generation_prompt=req.add_generation_prompt,
+                messages, add_generation_prompt=req.add_generation_prompt,
                 tools=template_tools(req), **kwargs,
             )
         except ChatTemplateError as exc:

@@ -1,0 +1,77 @@
+"""The response cache as the routes use it: whether a request may be cached, its key, and
+storing what it answered (``swiftlm.server.response_cache`` holds the policy)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from swiftlm.sampling import SamplingParams
+from swiftlm.server.auth import request_caller
+from swiftlm.server.cached_answers import recorded, stored_answer
+from swiftlm.server.protocol import BaseSamplingRequest
+from swiftlm.server.response_cache import CACHE_HEADER, ResponseCache, bypasses_cache, is_deterministic
+from swiftlm.server.state import ServerState
+
+_COMPLETE = frozenset({"stop", "length", "tool_calls"})  # finish reasons of an answer worth keeping
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUse:
+    """How one request meets the cache: ``status`` "hit", "miss" or "bypass" (None: the cache is
+    off); ``key`` is set for a cacheable request."""
+
+    cache: ResponseCache | None
+    key: str | None
+    status: str | None
+
+    @property
+    def extension(self) -> dict[str, Any]:
+        return {} if self.status is None else {"cache": self.status}
+
+    def mark(self, response: Response) -> Response:
+        if self.status is not None:
+            response.headers[CACHE_HEADER] = self.status
+        return response
+
+    def keep(self, body: dict[str, Any], thinking: str | None = None) -> None:
+        """Store a whole answer (a body as sent), if it is complete."""
+        if self.cache is None or self.key is None:
+            return
+        if all(c.get("finish_reason") in _COMPLETE for c in body.get("choices", ())) and body.get("choices"):
+            self.cache.put(self.key, stored_answer(body, thinking))
+
+    def keep_json(self, text: str, thinking: str | None = None) -> None:
+        if self.key is not None:
+            self.keep(json.loads(text), thinking)
+
+    def record(
+        self, events: AsyncIterator[str], assemble: Callable[[list[dict[str, Any]]], dict[str, Any]],
+        include_usage: bool, thinking: str | None = None,
+    ) -> AsyncIterator[str]:
+        """``events`` (asked with usage) passed to the client, stored when the stream completes."""
+        if self.key is None:
+            return events
+        return recorded(events, lambda chunks: self.keep(assemble(chunks), thinking), include_usage)
+
+
+def cache_use(state: ServerState, req: BaseSamplingRequest, raw: Request, route: str, params: SamplingParams) -> CacheUse:
+    cache = state.response_cache
+    if cache is None:
+        return CacheUse(None, None, None)
+    if bypasses_cache(req, raw.headers) or not is_deterministic(params):
+        return CacheUse(cache, None, "bypass")
+    key = cache.key(route, state.response_model(req.model), request_caller(raw).scope, req)
+    return CacheUse(cache, key, "miss")
+
+
+def lookup(use: CacheUse) -> dict[str, Any] | None:
+    """The stored answer for a cacheable request (counted as a hit or a miss)."""
+    if use.cache is None or use.key is None:
+        return None
+    return use.cache.get(use.key)
