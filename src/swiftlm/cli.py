@@ -1,4 +1,4 @@
-"""`swiftlm serve | generate | chat | bench`: the command line.
+"""`swiftlm serve | generate | chat | bench | top`: the command line.
 
 Configs are built here, once, from the flags (``build_configs`` for ``serve``) and passed down.
 Torch-heavy modules are imported inside the handlers so that ``swiftlm --help`` stays fast.
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swiftlm", description="Low-latency serving of small language models behind an OpenAI-compatible API."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,batch,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,generate,chat,batch,bench,top}")
     _add_serve(sub)
     _add_generate(sub)
     _add_chat(sub)
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     from swiftlm.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+    from swiftlm.top.command import add_top_parser
+
+    add_top_parser(sub)
     return parser
 
 
@@ -157,6 +160,27 @@ def _add_serve(sub: Any) -> None:
     h.add_argument("--enable-debug-endpoints", action="store_true",
                    help="serve GET /debug/kv (KV pool integrity and block accounting)")
     h.add_argument("--log-level", choices=("debug", "info", "warning", "error", "critical"), default="info")
+    h.add_argument("--no-ui", "--no-webui", dest="no_ui", action="store_true", help="do not serve the web playground at /")
+    h.add_argument("--metric-names", choices=("swiftlm", "vllm"), default="swiftlm",
+                   help="vllm: /metrics also exports vLLM's names (vllm:...) of the metrics that mean the same")
+    t = p.add_argument_group("thinking and the response cache")
+    t.add_argument("--default-thinking", choices=("auto", "on", "off"),
+                   help="thinking for requests that do not choose: auto = the rule set decides per question "
+                        "(see --thinking-rules); default: on (Qwen3's)")
+    t.add_argument("--thinking-rules", metavar="FILE",
+                   help='the rule set for enable_thinking "auto", a JSON file (default: swiftlm\'s own, '
+                        "swiftlm/text/thinking_rules.json)")
+    t.add_argument("--auto-thinking-budget", type=int, metavar="N",
+                   help='reasoning tokens allowed when "auto" turns thinking on and the request sets no budget')
+    t.add_argument("--response-cache", metavar="STORE",
+                   help="answer repeated deterministic requests (greedy or with a seed) from a cache: memory, "
+                        "or sqlite:PATH (kept across restarts); default: off")
+    t.add_argument("--response-cache-ttl", type=float, default=3600.0, metavar="SECONDS",
+                   help="serve cached answers at most this old (default: 3600)")
+    t.add_argument("--response-cache-max-entries", type=int, default=10000, metavar="N",
+                   help="keep at most N answers, dropping the least recently used (default: 10000)")
+    t.add_argument("--response-cache-max-bytes", type=parse_bytes, default=256 * 1024 * 1024, metavar="BYTES",
+                   help="keep at most this many bytes of answers, dropping the least recently used (default: 256MiB)")
     b = p.add_argument_group("Batch API")
     b.add_argument("--disable-batch-api", action="store_true", help="do not serve /v1/files and /v1/batches (404)")
     b.add_argument("--batch-storage-dir", metavar="DIR",
@@ -167,8 +191,10 @@ def _add_serve(sub: Any) -> None:
                    help="delete stored Responses API responses after this long (kept in --batch-storage-dir; default: 720)")
     b.add_argument("--max-batch-file-bytes", type=parse_bytes, default=200 * 1024 * 1024, metavar="BYTES",
                    help="largest upload or inline batch (default: 200MiB; larger: 413)")
+    from swiftlm.cluster.flags import add_cluster_flags
     from swiftlm.server.vllm_flags import add_vllm_flags
 
+    add_cluster_flags(p)
     add_vllm_flags(p)
     p.set_defaults(func=_run_serve)
 
@@ -203,6 +229,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         chat_template=read_chat_template(args.chat_template), gguf_file=args.gguf_file,
         generation_overrides=_generation_overrides(args),
         speculative=SpeculativeConfig.parse(args.speculative_config),
+        enforce_eager=args.enforce_eager,
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:
@@ -213,6 +240,13 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         api_key=args.api_key or os.environ.get("SWIFTLM_API_KEY") or None,
         served_model_names=tuple(args.served_model_name or ()),
         default_chat_template_kwargs=template_kwargs,
+        default_thinking=args.default_thinking,
+        thinking_rules_path=_checked_thinking_rules(args.thinking_rules),
+        auto_thinking_budget=args.auto_thinking_budget,
+        response_cache=args.response_cache,
+        response_cache_ttl_s=args.response_cache_ttl,
+        response_cache_max_entries=args.response_cache_max_entries,
+        response_cache_max_bytes=args.response_cache_max_bytes,
         max_n=args.max_n,
         log_level=args.log_level,
         reasoning_parser=args.reasoning_parser,
@@ -225,6 +259,8 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         timeout_keep_alive_s=args.timeout_keep_alive,
         max_concurrent_connections=args.max_concurrent_connections,
         enable_debug_endpoints=args.enable_debug_endpoints,
+        enable_ui=not args.no_ui,
+        metric_names=args.metric_names,
         allowed_origins=tuple(args.allowed_origins),
         allowed_methods=tuple(args.allowed_methods),
         allowed_headers=tuple(args.allowed_headers),
@@ -238,6 +274,15 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
     return engine, server
 
 
+def _checked_thinking_rules(path: str | None) -> str | None:
+    """``--thinking-rules``, read once here so that a bad file stops the server before it starts."""
+    if path is not None:
+        from swiftlm.text.thinking_rules import load_thinking_rules
+
+        load_thinking_rules(path)
+    return path
+
+
 def _generation_overrides(args: argparse.Namespace) -> dict[str, Any]:
     text = getattr(args, "override_generation_config", None)
     return parse_json_object(text, "--override-generation-config") if text else {}
@@ -249,6 +294,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     from swiftlm.server.vllm_flags import no_effect
 
     quantization = None if args.quantization == "none" else args.quantization
+    from swiftlm.cluster.flags import cluster_config
+
+    cluster = cluster_config(args, engine_config, server_config, quantization)
+    if cluster is not None:  # --replicas: Ray Serve (imported only here)
+        from swiftlm.cluster.launch import serve_cluster
+
+        serve_cluster(cluster)
+        return 0
     serve(engine_config, server_config, quantization, no_effect=no_effect(args))
     return 0
 

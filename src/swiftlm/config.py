@@ -327,6 +327,7 @@ class EngineConfig:
     # a Hugging Face directory or hub id, a .gguf path, a directory holding one .gguf, or "repo:QUANT"
     gguf_file: str | None = None
     speculative: SpeculativeConfig | None = None  # speculative decoding (prompt lookup); None: off
+    enforce_eager: bool = False  # CUDA: capture no decode graphs, run every step eagerly (vLLM's --enforce-eager)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # vLLM's "half", "float"
@@ -395,6 +396,7 @@ class ServerConfig:
     response_retention_hours: float | None = 720.0  # stored Responses API responses (None: kept); OpenAI keeps 30 days
     max_batch_file_bytes: int = 200 * 1024 * 1024  # OpenAI's limit
     batch_max_concurrent_lines: int = 64  # lines handed to the engine at once (they wait at background priority)
+    batch_storage_shared: bool = False  # replicas share batch_storage_dir: each job runs under a lease (batch/leases.py)
     # connections: a request's headers and body must arrive within request_receive_timeout_s of its
     # first byte (else 408 and close); idle keep-alive connections close after timeout_keep_alive_s;
     # connections beyond max_concurrent_connections get a 503 (None: no limit)
@@ -402,6 +404,20 @@ class ServerConfig:
     timeout_keep_alive_s: float = 5.0
     max_concurrent_connections: int | None = None
     enable_debug_endpoints: bool = False  # GET /debug/kv: the KV pool's integrity and block accounting
+    # thinking when a request leaves it open (row 5 of swiftlm.core.generation.resolve_thinking_choice):
+    # "auto" (the rule set in thinking_rules_path, None: swiftlm's default rules), "on", "off"; None: on
+    default_thinking: str | None = None
+    thinking_rules_path: str | None = None
+    auto_thinking_budget: int | None = None  # reasoning tokens when "auto" turned thinking on (None: no limit)
+    # the response cache (swiftlm.server.response_cache): None (off), "memory" or "sqlite:PATH"; entries
+    # expire after response_cache_ttl_s (None: never) and the least recently used go beyond
+    # response_cache_max_entries entries or response_cache_max_bytes bytes of stored answers
+    response_cache: str | None = None
+    response_cache_ttl_s: float | None = 3600.0
+    response_cache_max_entries: int = 10000
+    response_cache_max_bytes: int = 256 * 1024 * 1024
+    enable_ui: bool = True  # the web playground at / (--no-ui, --no-webui)
+    metric_names: str = "swiftlm"  # "vllm": /metrics also exports vLLM's names of the metrics that mean the same
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "served_model_names", tuple(self.served_model_names))
@@ -436,8 +452,22 @@ class ServerConfig:
                               f"got {self.tool_call_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.metric_names not in ("swiftlm", "vllm"):
+            raise ConfigError(f"metric_names must be 'swiftlm' or 'vllm', got {self.metric_names!r}")
         if self.max_n < 1:
             raise ConfigError(f"max_n must be >= 1, got {self.max_n}")
+        if self.default_thinking not in (None, "auto", "on", "off"):
+            raise ConfigError(f"default_thinking must be auto, on or off, got {self.default_thinking!r}")
+        if self.auto_thinking_budget is not None and self.auto_thinking_budget < 0:
+            raise ConfigError(f"auto_thinking_budget must be >= 0, got {self.auto_thinking_budget}")
+        if self.response_cache is not None and not (
+            self.response_cache == "memory" or (self.response_cache.startswith("sqlite:") and len(self.response_cache) > 7)
+        ):
+            raise ConfigError(f"response_cache must be memory or sqlite:PATH, got {self.response_cache!r}")
+        if self.response_cache_ttl_s is not None and self.response_cache_ttl_s <= 0:
+            raise ConfigError(f"response_cache_ttl_s must be > 0, got {self.response_cache_ttl_s}")
+        if self.response_cache_max_entries < 1 or self.response_cache_max_bytes < 1:
+            raise ConfigError("response_cache_max_entries and response_cache_max_bytes must be >= 1")
 
 
 def parse_json_object(text: str, flag: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from swiftlm.batch.leases import JobLeases
 from swiftlm.batch.lines import LineCheck, check_lines
 from swiftlm.batch.objects import BatchRecord, LineResult
 from swiftlm.batch.store import BatchStore
@@ -43,6 +44,7 @@ class BatchLimits:
     retention_s: float | None = 7 * 24 * 3600.0  # finished jobs older than this are deleted
     retention_check_s: float = 600.0
     retry_delay_s: float = 0.5  # a line answered 503 / 429 is asked again after this
+    lease_s: float = 30.0  # with a shared store: a job's lease, renewed every third of it (swiftlm.batch.leases)
 
 
 @dataclass(slots=True)
@@ -61,8 +63,11 @@ class _Job:
 
 
 class BatchRunner:
+    """``leases``: when several processes share ``store`` (replicas), a job runs only in the one
+    holding its lease, as ``holder``; they also take over the jobs whose holder stopped renewing."""
+
     def __init__(self, store: BatchStore, call: LineCall, limits: BatchLimits = BatchLimits(),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, leases: JobLeases | None = None, holder: str = "") -> None:
         self.store = store
         self.limits = limits
         self.counts = BatchCounts()
@@ -71,6 +76,9 @@ class BatchRunner:
         self._jobs: dict[str, _Job] = {}
         self._seats: asyncio.Semaphore | None = None
         self._retention: asyncio.Task | None = None
+        self._leases = leases
+        self._holder = holder
+        self._adopter: asyncio.Task | None = None
 
     async def start(self) -> int:
         """Resume every unfinished job (after a restart) and start retention; returns how many
@@ -81,6 +89,8 @@ class BatchRunner:
             self.launch(batch)
         if self.limits.retention_s is not None:
             self._retention = asyncio.create_task(self._retain())
+        if self._leases is not None:
+            self._adopter = asyncio.create_task(self._adopt())
         if unfinished:
             log.info("resumed %d unfinished batch job(s)", len(unfinished))
         return len(unfinished)
@@ -109,8 +119,7 @@ class BatchRunner:
     async def close(self) -> None:
         """Stop every job where it is, recording nothing more: they resume on the next start."""
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
-        if self._retention is not None:
-            tasks.append(self._retention)
+        tasks += [t for t in (self._retention, self._adopter) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -118,6 +127,35 @@ class BatchRunner:
                 await task
 
     async def _run(self, batch_id: str, owner: str) -> None:
+        if self._leases is None:
+            await self._run_job(batch_id, owner)
+            return
+        if not self._leases.acquire(batch_id, self._holder, self.limits.lease_s):
+            return  # another process runs it
+        job = asyncio.ensure_future(self._run_job(batch_id, owner))
+        try:
+            while not job.done():
+                await asyncio.wait({job}, timeout=self.limits.lease_s / 3)
+                if not job.done() and not self._leases.renew(batch_id, self._holder, self.limits.lease_s):
+                    log.warning("batch %s: the lease was taken over; stopping here", batch_id)
+                    job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+        finally:
+            job.cancel()
+            self._leases.release(batch_id, self._holder)
+
+    async def _adopt(self) -> None:
+        """Pick up unfinished jobs that no live process holds (their holder died)."""
+        assert self._leases is not None
+        while True:
+            await asyncio.sleep(self.limits.lease_s / 2)
+            for batch in self.store.unfinished_batches():
+                job = self._jobs.get(batch.id)
+                if (job is None or job.task is None or job.task.done()) and self._leases.holder(batch.id) is None:
+                    self.launch(batch)
+
+    async def _run_job(self, batch_id: str, owner: str) -> None:
         try:
             batch = self.store.get_batch(owner, batch_id)
             if batch is None:

@@ -117,7 +117,10 @@ def _batch(row: sqlite3.Row) -> BatchRecord:
 class BatchStore:
     """Thread-safe: one SQLite connection (WAL) behind a lock; ``clock`` gives Unix seconds."""
 
-    def __init__(self, root: str | os.PathLike[str], clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, root: str | os.PathLike[str], clock: Callable[[], float] = time.time,
+                 sweep_orphans: bool = True) -> None:
+        """``sweep_orphans``: False when other live processes share ``root`` (their files in the
+        making would look orphaned)."""
         self.root = Path(root)
         self.files_dir = self.root / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,8 @@ class BatchStore:
         # then run again (a lost result is a pending line, never a half-written one).
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
-        self._sweep_orphans()
+        if sweep_orphans:
+            self._sweep_orphans()
 
     def close(self) -> None:
         """Close the database connection; the store is unusable afterwards."""

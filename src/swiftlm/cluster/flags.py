@@ -1,0 +1,40 @@
+"""``swiftlm serve`` flags for replicas on Ray Serve (this module imports no Ray)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from swiftlm.cluster.config import ClusterConfig, default_threads_per_replica
+from swiftlm.cluster.routing import ROUTING_POLICIES
+from swiftlm.config import EngineConfig, ServerConfig
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    c = p.add_argument_group("replicas on Ray Serve (pip install swiftlm[ray])")
+    c.add_argument("--replicas", type=int, metavar="N",
+                   help="serve N engine replicas behind one ingress on a local Ray, with session and prefix "
+                        "affinity (default: one process, no Ray)")
+    c.add_argument("--min-replicas", type=int, metavar="N", help="autoscale on queue length from N replicas")
+    c.add_argument("--max-replicas", type=int, metavar="N", help="autoscale on queue length up to N replicas")
+    c.add_argument("--threads-per-replica", type=int, metavar="N",
+                   help="compute threads (and Ray CPUs) per replica (default: the machine's CPUs / replicas)")
+    c.add_argument("--routing", choices=ROUTING_POLICIES, default="affinity",
+                   help="affinity: a session always reaches its replica, other requests the replica that served "
+                        "their prefix (default); round-robin: replicas in turn (a baseline for benchmarks)")
+
+
+def cluster_config(
+    args: argparse.Namespace, engine: EngineConfig, server: ServerConfig, quantization: str | None = None,
+) -> ClusterConfig | None:
+    """The ClusterConfig the flags ask for, or None to serve in one process."""
+    if args.replicas is None and args.min_replicas is None and args.max_replicas is None:
+        return None
+    if quantization is not None:
+        engine = dataclasses.replace(engine, quantization=quantization)
+    replicas = args.replicas or args.min_replicas or 1
+    fields: dict[str, Any] = {"replicas": replicas, "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
+                              "routing": args.routing}
+    threads = args.threads_per_replica or default_threads_per_replica(max(replicas, args.max_replicas or 0))
+    return ClusterConfig(engine=engine, server=server, threads_per_replica=threads, **fields)
