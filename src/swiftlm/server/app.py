@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
@@ -11,7 +9,7 @@ from fastapi.responses import Response
 from swiftlm.config import ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.server.auth import CALLER, set_caller
-from swiftlm.server.batch_api import BatchApi, default_storage_dir
+from swiftlm.server.batch_api import BatchApi
 from swiftlm.server.batch_calls import InProcessCall
 from swiftlm.server.body_limit import BodyLimit
 from swiftlm.server.errors import OpenAIError, install_error_handlers
@@ -50,8 +48,7 @@ def create_app(engine: AsyncEngine | None, config: ServerConfig, model_name: str
     app.include_router(chat.router)
     app.include_router(completions.router)
     retention = None if config.response_retention_hours is None else config.response_retention_hours * 3600.0
-    storage = Path(config.batch_storage_dir).expanduser() if config.batch_storage_dir else default_storage_dir(config.port)
-    state.responses = ResponseStore(storage, retention)  # beside the Batch API's jobs
+    state.responses = ResponseStore(state.storage_dir, retention)  # beside the Batch API's jobs
     app.include_router(responses.router)
     app.router.on_shutdown.append(state.responses.close)
     app.router.on_shutdown.append(state.close_response_cache)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import Request
 
@@ -12,13 +13,14 @@ from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStr
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
 from swiftlm.server.auth import Caller, KeyRing
-from swiftlm.server.batch_api import BatchApi
+from swiftlm.server.batch_api import BatchApi, default_storage_dir
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
 from swiftlm.server.metrics import ServerMetrics
 from swiftlm.server.model_identity import model_identity
 from swiftlm.server.quotas import RateLimits
 from swiftlm.server.response_cache import ResponseCache, cache_identity, open_response_cache, server_identity
 from swiftlm.server.response_store import ResponseStore
+from swiftlm.server.session_transcripts import SessionTranscripts
 from swiftlm.text.session_prompt import SessionPrompts
 from swiftlm.text.thinking_rules import ThinkingRules, load_thinking_rules
 
@@ -54,12 +56,21 @@ class ServerState:
 
     def attach(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens)
+        transcripts = None
+        if self.config.batch_storage_shared:  # replicas: transcripts where every replica reads them
+            transcripts = SessionTranscripts(self.storage_dir, engine.engine.config.cache.session_ttl)
+        self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens, transcripts=transcripts)
         if self.config.response_cache is not None:
             server = server_identity(self.config, self.thinking_rules)
             self.response_cache = open_response_cache(self.config, cache_identity(model_identity(engine.engine), server))
             self.metrics.watch_response_cache(self.response_cache.stats)
         self.metrics.watch_device(engine.engine)
+
+    @property
+    def storage_dir(self) -> Path:
+        """Where the Batch API's jobs, stored responses and (on replicas) session transcripts live."""
+        root = self.config.batch_storage_dir
+        return Path(root).expanduser() if root else default_storage_dir(self.config.port)
 
     def close_response_cache(self) -> None:
         if self.response_cache is not None:

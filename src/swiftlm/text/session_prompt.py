@@ -45,6 +45,13 @@ with) and reads the stream through ``tokens_of(session_id)``, a callable the eng
 (``Engine.session_tokens``). When the cache no longer holds the session, or holds a stream other
 than the recorded turn's (a turn that finished without being recorded), the next turn is rendered
 fresh and the record is forgotten. This layer imports neither the cache nor the engine.
+
+Replicas of a cluster also keep transcripts in a store they all read (``transcripts``, a
+``TranscriptStore``: ``swiftlm.server.session_transcripts``): a turn is written there once
+recorded, and a request for a session this process holds no record of (its replica died, or its
+key moved here) is read against the stored transcript, then prefilled afresh. A local record that
+differs from the stored one is stale (the session took turns on another replica since) and is
+dropped.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from swiftlm.text.tokenizer import Tokenizer
 
@@ -62,11 +69,26 @@ TokensOf = Callable[[str], list[int] | None]
 """A session's real token stream as the cache holds it, or None if it holds none."""
 
 
+class TranscriptStore(Protocol):
+    """Sessions' transcripts shared by processes (``swiftlm.server.session_transcripts``)."""
+
+    def load(self, session: str) -> list[dict[str, Any]] | None: ...
+
+    def save(self, session: str, messages: list[dict[str, Any]]) -> None: ...
+
+    def delete(self, session: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class _Turn:
     messages: list[dict[str, Any]]  # the conversation through the assistant answer returned
     tools_key: str
     stream_key: tuple[int, int]  # length and hash of the stream the turn ended with (not the stream)
+
+
+def _as_json(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as a JSON store gives them back (tuples as lists), to compare with a stored copy."""
+    return json.loads(json.dumps(messages, ensure_ascii=False))
 
 
 def _comparable(message: dict[str, Any]) -> tuple:
@@ -98,10 +120,14 @@ class SessionPrompts:
 
     SWEEP_EVERY = 256  # records between sweeps for transcripts of sessions the cache let go
 
-    def __init__(self, tokenizer: Tokenizer, tokens_of: TokensOf, max_sessions: int = 10_000) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, tokens_of: TokensOf, max_sessions: int = 10_000,
+        transcripts: TranscriptStore | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.tokens_of = tokens_of
         self.max_sessions = max_sessions
+        self.transcripts = transcripts
         self._turns: dict[str, _Turn] = {}
         self._records = 0
 
@@ -123,9 +149,14 @@ class SessionPrompts:
         if any(m.get("role") == "assistant" for m in messages):
             return list(messages)
         recorded = self._recorded(session_id)
-        if recorded is None:
+        stored = self.transcripts.load(session_id) if self.transcripts is not None else None
+        if stored is not None and (recorded is None or stored != _as_json(recorded[0].messages)):
+            self._turns.pop(session_id, None)  # stale: the session took turns elsewhere since
+            transcript = stored  # prefilled afresh (no local record: ``prompt`` renders it whole)
+        elif recorded is not None:
+            transcript = recorded[0].messages
+        else:
             return list(messages)
-        transcript = recorded[0].messages
         skip = 0
         while (
             skip < len(messages) - 1
@@ -181,9 +212,14 @@ class SessionPrompts:
             answered["tool_calls"] = [dict(call) for call in tool_calls]
         history = [dict(m) for m in messages] + [answered]
         self._turns[session_id] = _Turn(history, _tools_key(tools), _stream_key(token_ids))
+        if self.transcripts is not None:
+            self.transcripts.save(session_id, _as_json(history))
 
     def forget(self, session_id: str) -> None:
+        """Forget the session's conversation (DELETE /v1/sessions, ``session_reset``), shared copy included."""
         self._turns.pop(session_id, None)
+        if self.transcripts is not None:
+            self.transcripts.delete(session_id)
 
     def sweep(self) -> int:
         """Forget the transcripts of sessions the cache no longer holds (expired, never resumed);
@@ -201,7 +237,7 @@ class SessionPrompts:
             return None
         stream = self.tokens_of(session_id)
         if stream is None or _stream_key(stream) != turn.stream_key:
-            self.forget(session_id)
+            self._turns.pop(session_id, None)  # the local record only: a shared transcript outlives the KV
             return None
         return turn, stream
 
