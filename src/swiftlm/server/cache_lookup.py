@@ -3,8 +3,9 @@ storing what it answered (``swiftlm.server.response_cache`` holds the policy).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +13,15 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.auth import request_caller
-from swiftlm.server.cached_answers import recorded, stored_answer
+from swiftlm.server.auth import Caller, request_caller
+from swiftlm.server.cached_answers import nothing_to_abort, recorded, replayed, stored_answer, whole_hit
 from swiftlm.server.protocol import BaseSamplingRequest
 from swiftlm.server.response_cache import CACHE_HEADER, ResponseCache, bypasses_cache, is_deterministic
 from swiftlm.server.state import ServerState
+from swiftlm.server.streaming import EventStream
+
+# (stored answer, request id, include_usage) -> the stream's events: how a route replays a hit
+HitEvents = Callable[[dict[str, Any], str, bool], Iterator[str]]
 
 _COMPLETE = frozenset({"stop", "length", "tool_calls"})  # finish reasons of an answer worth keeping
 
@@ -75,3 +80,19 @@ def lookup(use: CacheUse) -> dict[str, Any] | None:
     if use.cache is None or use.key is None:
         return None
     return use.cache.get(use.key)
+
+
+def answer_from_cache(
+    state: ServerState, use: CacheUse, caller: Caller, stream: bool, request_id: str, include_usage: bool,
+    events: HitEvents,
+) -> Response | None:
+    """The response to a request the cache holds, whole or streamed (``events`` replays it), or None
+    (not a hit). A hit computes nothing: it is counted as a request, not as tokens."""
+    answer = lookup(use)
+    if answer is None:
+        return None
+    state.admit(caller, 0)
+    hit = dataclasses.replace(use, status="hit")
+    if stream:
+        return hit.mark(EventStream(replayed(events(answer, request_id, include_usage)), nothing_to_abort))
+    return hit.mark(Response(whole_hit(answer, request_id), media_type="application/json"))

@@ -29,13 +29,10 @@ from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
-from swiftlm.server.cache_lookup import cache_use, lookup
+from swiftlm.server.cache_lookup import answer_from_cache, cache_use
 from swiftlm.server.cached_answers import (
     chat_answer_from_chunks,
     chat_hit_events,
-    nothing_to_abort,
-    replayed,
-    whole_hit,
 )
 from swiftlm.server.errors import OpenAIError, bad_request
 from swiftlm.server.openapi import error_responses, json_or_stream
@@ -145,13 +142,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request) -> Re
     caller = request_caller(raw)
     use = cache_use(state, req, raw, "chat", request.sampling_params)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    answer = lookup(use)
-    if answer is not None:  # nothing to compute: counted as a request, not as tokens
-        state.admit(caller, 0)
-        hit = dataclasses.replace(use, status="hit")
-        if request.stream:
-            return hit.mark(EventStream(replayed(chat_hit_events(answer, request.request_id, include_usage)), nothing_to_abort))
-        return hit.mark(Response(whole_hit(answer, request.request_id), media_type="application/json"))
+    hit = answer_from_cache(state, use, caller, request.stream, request.request_id, include_usage, chat_hit_events)
+    if hit is not None:
+        return hit
     state.admit(caller, len(request.prompt_token_ids))
     stream = state.submit(request, caller)
     extension = {"thinking": turn.thinking_label, **use.extension}

@@ -9,7 +9,6 @@ logprobs come from the forward pass that computes the prompt (``SamplingParams.p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -21,13 +20,10 @@ from swiftlm.core.outputs import RequestOutput
 from swiftlm.engine.async_engine import RequestStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
-from swiftlm.server.cache_lookup import cache_use, lookup
+from swiftlm.server.cache_lookup import answer_from_cache, cache_use
 from swiftlm.server.cached_answers import (
     completion_answer_from_chunks,
     completion_hit_events,
-    nothing_to_abort,
-    replayed,
-    whole_hit,
 )
 from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
@@ -83,13 +79,9 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     caller = request_caller(raw)
     use = cache_use(state, req, raw, "completions", prepared[0][2])
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    answer = lookup(use)
-    if answer is not None:  # nothing to compute: counted as a request, not as tokens
-        state.admit(caller, 0)
-        hit = dataclasses.replace(use, status="hit")
-        if req.stream:
-            return hit.mark(EventStream(replayed(completion_hit_events(answer, request_id, include_usage)), nothing_to_abort))
-        return hit.mark(Response(whole_hit(answer, request_id), media_type="application/json"))
+    hit = answer_from_cache(state, use, caller, req.stream, request_id, include_usage, completion_hit_events)
+    if hit is not None:
+        return hit
     state.admit(caller, sum(len(ids) for _, ids, _ in prepared))
     streams: list[RequestStream] = []
     try:
