@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, tile_dot
+from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, softmax_step, tile_dot
 
 BLOCK_N = 64  # keys per tile
 
@@ -48,13 +48,8 @@ def _decode_kernel(
         k = tl.load(k_pool_ptr + offs, mask=kv_mask, other=0.0)
         s = tile_dot(q, tl.trans(k), INTERPRETED) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(k_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_pool_ptr + offs, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tile_dot(round_to(p, v.dtype, INTERPRETED), v, INTERPRETED)
-        m_i = m_new
+        m_i, l_i, acc = softmax_step(s, v, m_i, l_i, acc, INTERPRETED)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row of no keys (seq_len 0, padding) gives 0
     tl.store(out_ptr + b * o_stride_t + heads[:, None] * o_stride_h + d[None, :],
              round_to(out, out_ptr.dtype.element_ty, INTERPRETED), mask=qd_mask)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, tile_dot
+from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, softmax_step, tile_dot
 
 BLOCK_M = 64  # query rows per tile
 BLOCK_N = 64  # keys per tile
@@ -62,15 +62,9 @@ def _prefill_kernel(
             k = tl.load(k_pool_ptr + offs, mask=kv_mask, other=0.0)
             s = tile_dot(q, tl.trans(k), INTERPRETED) * scale  # [BLOCK_M, BLOCK_N]
             causal = (keys[None, :] <= pos[:, None]) & k_mask[None, :]
-            s = tl.where(causal, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past q_len may see no key yet
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            s = tl.where(causal, s, float("-inf"))  # rows past q_len may see no key yet
             v = tl.load(v_pool_ptr + offs, mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tile_dot(round_to(p, v.dtype, INTERPRETED), v, INTERPRETED)
-            m_i = m_new
+            m_i, l_i, acc = softmax_step(s, v, m_i, l_i, acc, INTERPRETED)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + q_rows[:, None] * o_stride_t + h * o_stride_h + d[None, :],
                  round_to(out, out_ptr.dtype.element_ty, INTERPRETED), mask=qd_mask)

@@ -1,4 +1,5 @@
-"""The tile operations whose precision the kernels state: ``tl.dot`` and the rounding casts.
+"""The tile operations whose precision the kernels state: ``tl.dot`` and the rounding casts; and
+``softmax_step``, the online softmax over one tile of keys that both attention kernels run.
 
 ``tile_dot``: ``input_precision="ieee"``: float32 tiles multiply in full float32 on the GPU (no
 TF32), as the interpreter does, so CI tests what the GPU runs; bfloat16 / float16 tiles multiply
@@ -37,6 +38,21 @@ def round_to(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def softmax_step(s, v, m_i, l_i, acc, INTERPRETED: tl.constexpr):
+    """One tile of keys in the online softmax: ``s`` [R, N] scaled scores, -inf where masked;
+    ``v`` [N, D] the tile's values; ``m_i`` [R] running max, ``l_i`` [R] running sum, ``acc`` [R, D]
+    (float32). Returns them updated. A row that has seen no key yet keeps max -inf, sum 0 and
+    accumulator 0 (its max is taken as 0, so no -inf - -inf)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tile_dot(round_to(p, v.dtype, INTERPRETED), v, INTERPRETED)
+    return m_new, l_i, acc
 
 
 def interpreting() -> bool:
