@@ -110,7 +110,8 @@ def test_broken_non_streaming_json_is_a_protocol_error(fake) -> None:
 def test_timeouts_and_refused_connections(fake) -> None:
     slow = _run(f"{fake.url}/slow", n=2, timeout_s=0.3)
     assert [r.error for r in slow.records] == ["timeout", "timeout"]
-    assert all(0.25 < r.latency < 2.0 for r in slow.records)
+    # cut off at the 0.3 s timeout, long before the answer's 5 s (the bound leaves a loaded machine room)
+    assert all(0.25 < r.latency < 4.5 for r in slow.records)
     refused = _run(f"http://127.0.0.1:{free_port()}", n=3)
     assert [r.error for r in refused.records] == ["connect"] * 3 and refused.model is None
 
@@ -127,5 +128,5 @@ def test_success_rate_reflects_some_failures(fake) -> None:
 def test_duration_mode_cycles_the_workload(fake) -> None:
     run = _run(fake.url, pool=3, num_requests=None, duration_s=0.4, concurrency=2)
     assert len(run.records) > 3 and all(r.ok for r in run.records)
-    assert 0.4 <= run.duration_s < 1.5
+    assert 0.4 <= run.duration_s < 5.0  # stops after 0.4 s and the requests in flight (ms each), not later
     assert [r.index for r in run.records] == list(range(len(run.records)))

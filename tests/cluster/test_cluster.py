@@ -122,8 +122,10 @@ def test_shared_system_prompt_lands_on_the_replica_that_cached_it(cluster) -> No
 
 
 def test_a_client_that_goes_away_frees_its_replica(cluster) -> None:
+    # as many tokens as the 4096-token window leaves: the request must not end on its own before
+    # the abort reaches the replica
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk for a long time."}], "stream": True,
-            "max_tokens": 3000, "ignore_eos": True, **NO_THINKING}
+            "max_tokens": 4000, "ignore_eos": True, **NO_THINKING}
     before = {}
     for i in range(40):  # each replica's generated tokens so far (sessions reach both replicas)
         _, _, replica = _turn(_client(cluster), [{"role": "user", "content": "x"}], session_id=f"count{i}")
@@ -138,13 +140,13 @@ def test_a_client_that_goes_away_frees_its_replica(cluster) -> None:
             if events == 3:
                 break  # the connection closes here, mid-answer
     assert cluster.replica_metrics(replica)["swiftlm:num_requests_running"] <= 1
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while cluster.replica_metrics(replica)["swiftlm:num_requests_running"] > 0:
         assert time.monotonic() < deadline, "the abandoned request kept running on its replica"
         time.sleep(0.1)
-    # aborted, not finished: far fewer than its 3000 tokens were generated (counted when it ended)
+    # aborted, not finished: fewer than its 4000 tokens were generated (counted when it ended)
     generated = cluster.replica_metrics(replica).get("swiftlm:generation_tokens_total", 0.0) - before[replica]
-    assert generated < 3000, generated
+    assert generated < 4000, f"the request ran to its end ({generated:.0f} tokens): the abort did not reach it"
 
 
 def test_batch_job_through_the_ingress_runs_each_line_once(cluster) -> None:
@@ -154,7 +156,7 @@ def test_batch_job_through_the_ingress_runs_each_line_once(cluster) -> None:
                                   "enable_thinking": False}}) for i in range(6)]
     upload = client.files.create(file=("in.jsonl", "\n".join(lines).encode()), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while batch.status not in ("completed", "failed", "expired", "cancelled") and time.monotonic() < deadline:
         time.sleep(0.2)
         batch = client.batches.retrieve(batch.id)  # any replica answers: the store is shared
@@ -188,11 +190,11 @@ def test_killing_a_replica_mid_run(cluster, killed) -> None:
         try:
             stream = _client(cluster, retries=0).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "Talk for a long time."}], stream=True,
-                max_tokens=3000, extra_body={**NO_THINKING, "ignore_eos": True, "session_id": session},
+                max_tokens=4000, extra_body={**NO_THINKING, "ignore_eos": True, "session_id": session},
             )
             for i, _ in enumerate(stream):
                 if i == 3:
-                    started.wait(timeout=30)
+                    started.wait(timeout=60)
             outcomes.append("finished")
         except (openai.APIError, openai.APIConnectionError) as exc:
             outcomes.append(type(exc).__name__)
@@ -213,7 +215,7 @@ def test_killing_a_replica_mid_run(cluster, killed) -> None:
     t0 = time.monotonic()
     for t in threads:
         t.start()
-    started.wait(timeout=30)
+    started.wait(timeout=60)
     cluster.kill_replica(victim)
     for t in threads:
         t.join(timeout=60)

@@ -23,7 +23,7 @@ from swiftlm.engine.engine import Engine
 from swiftlm.llm import engine_config
 from swiftlm.server.app import create_app
 from swiftlm.server.connections import uvicorn_config
-from tests.conftest import ANSWER, REASONING  # noqa: F401 (re-exported for the server tests)
+from tests.conftest import ANSWER, REASONING, TINY_TIED, make_tiny_model  # noqa: F401 (ANSWER, REASONING: re-exported)
 
 
 def free_port() -> int:
@@ -57,6 +57,14 @@ class RunningServer:
             time.sleep(0.05)
         assert live == 0, f"{live} requests still in the engine"
         assert free == expected, f"{expected - free} KV blocks leaked"
+
+
+@pytest.fixture(scope="session")
+def tiny_long_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny tied model with a 64k context: a request of 60000 tokens holds a slot for the whole
+    test (about a minute of decoding, which a loaded machine's stalls cannot outlast). Serve it with
+    ``max_model_len=65536`` and few ``max_num_seqs`` (the KV pool is sized for full batches)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_long"), {**TINY_TIED, "max_position_embeddings": 65536}, seed=1)
 
 
 @pytest.fixture(scope="module")

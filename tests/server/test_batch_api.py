@@ -163,21 +163,27 @@ def test_jobs_and_files_are_private_to_their_key(server, client) -> None:
 
 
 def test_cancel_keeps_the_results_it_had(server, client) -> None:
+    # 8 short lines, then 32 that cannot all end during the test: 4000 tokens each (the context
+    # window), at most 4 lines at once (the background share of 8 seats), so the job needs 8 rounds of
+    # 4000 steps; the lines run first come, first served, so the short ones finish first
+    short = [f"k{i}" for i in range(8)]
     lines = [{"custom_id": f"k{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": chat_body(server, i, max_tokens=40)} for i in range(40)]
+              "body": chat_body(server, i, max_tokens=8) if i < 8 else
+              {**chat_body(server, i, max_tokens=4000), "ignore_eos": True}} for i in range(40)]
     upload = client.files.create(file=("many.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 60
     while client.batches.retrieve(batch.id).request_counts.completed < 2:
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "the short lines did not finish"
         time.sleep(0.05)
     cancelling = client.batches.cancel(batch.id)
-    assert cancelling.status in ("cancelling", "cancelled")
+    assert cancelling.status in ("cancelling", "cancelled"), f"the job was {cancelling.status} before the cancel"
     done = wait_done(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at is not None
     results = read_lines(client, done.output_file_id)
     assert 2 <= len(results) < 40 and len(results) == done.request_counts.completed
     assert len({r["custom_id"] for r in results}) == len(results)
+    assert {r["custom_id"] for r in results} <= set(short)  # the long lines were aborted, not finished
     server.assert_no_leaks()  # the aborted lines freed their blocks
 
 

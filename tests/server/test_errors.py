@@ -90,11 +90,13 @@ def test_completions_errors(server) -> None:
     assert_error(post(server, "/v1/completions", json={"prompt": "x", "suffix": "y"}), 400)
 
 
-def test_client_disconnect_mid_stream_frees_blocks(start_server, tiny_tied_dir) -> None:
-    srv = start_server(tiny_tied_dir, max_model_len=4096)
+def test_client_disconnect_mid_stream_frees_blocks(start_server, tiny_long_dir) -> None:
+    # 60000 tokens on the 64k-context model: the request cannot end before the client goes
+    srv = start_server(tiny_long_dir, max_num_seqs=1, max_model_len=65536)
     # the bias makes every token the word "Hello", so each step streams text
-    body = {"messages": msg(), "stream": True, "max_tokens": 4000, "ignore_eos": True, "logit_bias": {"9707": 100}}
+    body = {"messages": msg(), "stream": True, "max_tokens": 60000, "ignore_eos": True, "logit_bias": {"9707": 100}}
     with httpx.stream("POST", srv.v1 + "/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
         for i, _ in enumerate(r.iter_lines()):
             if i > 3:
                 break  # close the connection mid-stream
@@ -121,14 +123,14 @@ def test_api_key(start_server, scripted_model_dir) -> None:
         openai.OpenAI(base_url=srv.v1, api_key="EMPTY").models.list()
 
 
-def test_overload_gives_429_with_retry_after(start_server, tiny_tied_dir) -> None:
+def test_overload_gives_429_with_retry_after(start_server, tiny_long_dir) -> None:
     """One running slot and one queue place: A holds the slot, B takes the place, C is refused
     with 429; once A goes, B runs to the end."""
-    srv = start_server(tiny_tied_dir, max_num_seqs=1, max_queued_requests=1, max_model_len=4096)
+    srv = start_server(tiny_long_dir, max_num_seqs=1, max_queued_requests=1, max_model_len=65536)
     url = srv.v1 + "/chat/completions"
     # A: every token the word "Hello", streamed as content from the first (no reasoning section),
     # and far more tokens than the test takes to send B and C
-    long = {"messages": msg(), "stream": True, "max_tokens": 4000, "ignore_eos": True, "logit_bias": {"9707": 100},
+    long = {"messages": msg(), "stream": True, "max_tokens": 60000, "ignore_eos": True, "logit_bias": {"9707": 100},
             "enable_thinking": False}
     short = {"messages": msg(), "max_tokens": 5, "ignore_eos": True, "temperature": 0}
 
@@ -142,9 +144,11 @@ def test_overload_gives_429_with_retry_after(start_server, tiny_tied_dir) -> Non
         async with httpx.AsyncClient(timeout=60) as client:
             async with client.stream("POST", url, json=long) as a:
                 # a streamed token (not the opening chunk, whose content is "") means A was admitted:
-                # it holds the only running slot
+                # it holds the only running slot. The line iterator stays referenced: one dropped
+                # after the break is finalized, and closing it closes A's connection (A is aborted)
                 streamed = 0
-                async for line in a.aiter_lines():
+                lines = a.aiter_lines()
+                async for line in lines:
                     if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                         streamed += 1
                         break
@@ -152,6 +156,7 @@ def test_overload_gives_429_with_retry_after(start_server, tiny_tied_dir) -> Non
                 b_task = asyncio.create_task(client.post(url, json=short))
                 await wait_until(lambda: srv.engine.num_queued() == 1, "B waits in the queue")
                 c = await client.post(url, json=short)
+                assert srv.engine.num_queued() == 1, "A ended before C was sent"
                 a_status = a.status_code
             # leaving the block closes A's connection: the server aborts A and admits B
             b = await b_task
@@ -167,14 +172,37 @@ def test_overload_gives_429_with_retry_after(start_server, tiny_tied_dir) -> Non
     assert srv.engine.engine.stats().num_aborted == 1  # A, and nothing else
 
 
-def test_queue_wait_timeout_is_503(start_server, tiny_tied_dir) -> None:
-    srv = start_server(tiny_tied_dir, max_num_seqs=1, max_queue_wait=0.05)
-    long = {"messages": msg(), "max_tokens": 150, "ignore_eos": True, "temperature": 0}
+def test_queue_wait_timeout_is_503(start_server, tiny_long_dir) -> None:
+    """One running slot: A holds it, B waits longer than max_queue_wait and is refused with 503;
+    once A goes, the next request runs to the end."""
+    srv = start_server(tiny_long_dir, max_num_seqs=1, max_queue_wait=0.05, max_model_len=65536)
+    url = srv.v1 + "/chat/completions"
+    # A: far more tokens than the test takes (as in test_overload_gives_429_with_retry_after)
+    long = {"messages": msg(), "stream": True, "max_tokens": 60000, "ignore_eos": True, "logit_bias": {"9707": 100},
+            "enable_thinking": False}
+    short = {"messages": msg(), "max_tokens": 5, "ignore_eos": True, "temperature": 0}
 
-    async def main() -> list[httpx.Response]:
+    async def main() -> tuple[int, httpx.Response, int, httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*(client.post(srv.v1 + "/chat/completions", json=long) for _ in range(3)))
+            async with client.stream("POST", url, json=long) as a:
+                # a streamed token means A was admitted: it holds the only running slot (the line
+                # iterator stays referenced: a dropped one is finalized, which closes A's connection)
+                lines = a.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                        break
+                b = await client.post(url, json=short)
+                unfinished = await srv.engine.run_in_engine(lambda e: e.scheduler.num_unfinished)
+                a_status = a.status_code
+            # leaving the block closes A's connection: the server aborts A, the slot is free again
+            c = await client.post(url, json=short)
+        return a_status, b, unfinished, c
 
-    codes = sorted(r.status_code for r in asyncio.run(main()))
-    assert codes[0] == 200 and 503 in codes
+    a_status, b, unfinished, c = asyncio.run(main())
+    assert a_status == 200
+    assert unfinished == 1, "A ended before B was answered"
+    error = assert_error(b, 503)
+    assert "waited too long in the queue" in error["message"], error
+    assert c.status_code == 200, c.text
+    assert c.json()["usage"]["completion_tokens"] == 5
     srv.assert_no_leaks()

@@ -63,10 +63,12 @@ def test_a_step_that_raises_fails_only_its_requests(server) -> None:
     server.assert_no_leaks()
 
 
-def test_a_streaming_request_gets_an_error_event_then_done(server) -> None:
+def test_a_streaming_request_gets_an_error_event_then_done(start_server, tiny_long_dir) -> None:
+    # a request that cannot end before the hook is in: 60000 tokens on the 64k-context model
+    server = start_server(tiny_long_dir, max_num_seqs=1, max_model_len=65536)
     hook = Once("forward", _raise(RuntimeError("kernel error")))
     events = []
-    with httpx.stream("POST", server.v1 + "/chat/completions", json=_body(server, stream=True, max_tokens=40),
+    with httpx.stream("POST", server.v1 + "/chat/completions", json=_body(server, stream=True, max_tokens=60000),
                       timeout=60) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
@@ -74,6 +76,7 @@ def test_a_streaming_request_gets_an_error_event_then_done(server) -> None:
                 events.append(line[6:])
                 if len(events) == 2:  # streaming has begun: fail the next step
                     server.run_in_engine(lambda e: setattr(e.runner, "fault_hook", hook))
+    assert hook.fired.is_set(), "the request ended before the fault hook was installed"
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])
     assert "error" in error and "kernel error" in error["error"]["message"]
@@ -86,7 +89,21 @@ def test_a_nan_row_fails_only_its_own_request(server) -> None:
     def poison_first_row(logits: torch.Tensor) -> None:
         logits[0] = float("nan")
 
-    hook = Once("logits", poison_first_row, when=lambda logits: logits.shape[0] == 2)
+    poison = Once("logits", poison_first_row, when=lambda logits: logits.shape[0] == 2)
+    engine = server.engine
+
+    def arrived() -> int:  # the requests the engine holds: running, waiting, being added
+        return len(engine.engine.scheduler.running) + engine.num_queued()
+
+    def hook(stage: str, value) -> None:
+        # until the row is poisoned, each step waits (up to 30 s) for both requests to reach the
+        # engine, so that they share steps however the two sends are timed
+        if stage == "forward" and not poison.fired.is_set():
+            deadline = time.monotonic() + 30
+            while arrived() < 2 and time.monotonic() < deadline:
+                time.sleep(0.002)
+        poison(stage, value)
+
     server.run_in_engine(lambda e: setattr(e.runner, "fault_hook", hook))
     results: dict[int, httpx.Response] = {}
 
@@ -98,7 +115,7 @@ def test_a_nan_row_fails_only_its_own_request(server) -> None:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert hook.fired.is_set()
+    assert poison.fired.is_set(), "the two requests never shared a step"
     statuses = sorted(r.status_code for r in results.values())
     assert statuses == [200, 500], [r.text for r in results.values()]
     failed = next(r for r in results.values() if r.status_code == 500)
@@ -114,8 +131,8 @@ def test_out_of_memory_makes_health_503(start_server, tiny_tied_dir) -> None:
     assert httpx.get(s.base_url + "/health").status_code == 200
     s.run_in_engine(lambda e: setattr(e.runner, "fault_hook", Once("forward", _raise(MemoryError("no memory")))))
     assert _chat(s).status_code == 500
-    deadline = time.monotonic() + 5
-    while httpx.get(s.base_url + "/health").status_code != 503:
+    deadline = time.monotonic() + 30
+    while httpx.get(s.base_url + "/health", timeout=30).status_code != 503:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert "no memory" in httpx.get(s.base_url + "/health").json()["error"]

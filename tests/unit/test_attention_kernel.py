@@ -201,3 +201,27 @@ def test_eight_bit_pools_need_their_scales(op) -> None:
         op(q, kq, vq, tables, lens, 0.125, ks[:, :, :1].contiguous(), vs)
     with pytest.raises(RuntimeError, match="share q's dtype, or one 8-bit dtype"):
         op(q, kq, vq.view(torch.float8_e4m3fn), tables, lens, 0.125, ks, vs)
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "block_size"), [(16, 8, 128, 16), (8, 1, 64, 16), (5, 1, 48, 8),
+                                                           (12, 12, 16, 16), (14, 2, 112, 32), (32, 4, 80, 16)])
+def test_int8_pools_with_bf16_q_round_only_once(op, hq, hkv, d, block_size) -> None:
+    """bf16 q on int8 pools takes integer dot products where the CPU has AVX512-VNNI (q rounded to
+    16 bits of its head's max, the softmax weights to 16 bits of their tile's max). Those roundings
+    must stay far below the one rounding of the output to bf16: within half a bf16 ulp of the
+    float64 oracle plus 1e-4 (8-bit weights would miss this by ~10x)."""
+    from swiftlm.backends.kv_quant import dequantize_kv
+
+    q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, "int8",
+                                                     block_size=block_size, seed=5)
+    out = op(q, kq, vq, tables, lens, d**-0.5, ks, vs)
+    ref = oracle(q, dequantize_kv(kq, ks, torch.float64), dequantize_kv(vq, vs, torch.float64), tables, lens, d**-0.5)
+    excess = ((out.double() - ref).abs() - ref.abs() * 2.0**-8).max().item()
+    assert excess <= 1e-4, f"error beyond bf16 rounding {excess:.3g}: Hq={hq} Hkv={hkv} D={d} bs={block_size}"
+    # a sharp softmax (scores 8x larger: most weights round to 0); the 16-bit q's error in a score grows
+    # with the score, so the bound is 1e-3 (an 8-bit q would be off by ~5e-2)
+    out = op(q * 8, kq, vq, tables, lens, d**-0.5, ks, vs)
+    ref = oracle((q * 8).double(), dequantize_kv(kq, ks, torch.float64), dequantize_kv(vq, vs, torch.float64),
+                 tables, lens, d**-0.5)
+    excess = ((out.double() - ref).abs() - ref.abs() * 2.0**-8).max().item()
+    assert excess <= 1e-3, f"sharp softmax: error beyond bf16 rounding {excess:.3g}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -93,15 +94,19 @@ def test_a_job_whose_holder_died_is_taken_over(tmp_path: Path) -> None:
         batch_id = _job(store, 5)
         store.record_result(batch_id, LineResult(0, "req-0", 200, {"i": 0}, None))  # the dead holder's line 0
     dead = JobLeases(tmp_path)
-    assert dead.acquire(batch_id, "dead", ttl_s=0.3)  # it never renews
+    # it never renews; its lease outlasts the runner's start and first look (on a loaded machine too)
+    acquired = time.monotonic()
+    assert dead.acquire(batch_id, "dead", ttl_s=1.0)
     calls: Counter = Counter()
 
     async def main() -> None:
         runner = _runner(tmp_path, "B", calls, lease_s=0.3)
         await runner.start()
         await asyncio.sleep(0.05)
+        assert time.monotonic() - acquired < 1.0, "the dead holder's lease expired before the first look"
         assert not calls, "ran a job another process holds"
-        for _ in range(100):  # the adopter looks every lease_s / 2
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the adopter looks every lease_s / 2
             await asyncio.sleep(0.05)
             if runner.store.get_batch("alice", batch_id).status == "completed":
                 break

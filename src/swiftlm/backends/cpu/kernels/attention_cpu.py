@@ -18,7 +18,9 @@ Request ``b`` attends to its first ``seq_lens[b]`` tokens; token ``t`` is
 pools are 8-bit (int8, float8_e4m3fn or float8_e5m2: the small KV cache, ``backends/kv_quant.py``)
 with their scale pools, a row's values times its scale;
 ``Hq % Hkv == 0``; ``D % 16 == 0``; the pools need unit stride in D only. Dots, softmax and the
-weighted V sum are computed in float32 and rounded once to q's dtype. Each K/V row is read once
+weighted V sum are computed in float32 and rounded once to q's dtype; int8 pools with bfloat16 q, on
+CPUs with AVX512-VNNI, take integer dot products instead (q rounded to 16 bits of its head's max, the
+softmax weights to 16 bits of their tile's max: well below the output's one bf16 rounding). Each K/V row is read once
 per (request, kv head), for all query heads of its GQA group; long contexts are split into chunks
 whose partial softmax results are merged (flash-decoding), so one request uses every thread of
 torch's intra-op pool (``torch.set_num_threads``). A request with ``seq_lens[b] == 0`` gets zeros.

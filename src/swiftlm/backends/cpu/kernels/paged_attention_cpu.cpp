@@ -21,6 +21,16 @@
 // 16 values at a time into fp32 dots, and the K scale of each token multiplies its score; the V scale
 // of each token multiplies its softmax weight (the normaliser sums the unscaled weights), and V rows
 // are widened into the fp32 accumulator in head-dim order.
+//
+// int8 pools with bf16 q on CPUs with AVX512-VNNI take integer dot products instead (I8Dot): widening
+// every 8-bit value to fp32 made the kernel bound by instructions, not memory. q is rounded once per
+// item to int16 against its head's max (|q| / 32767 steps, below bf16's own 8-bit mantissa), and
+// vpdpwssd sums int16 q times int8 K widened to int16, 32 products an instruction. The softmax
+// weights of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into
+// two bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
+// (unsigned) with its token's values (signed) and sums the 4 tokens per dim, 64 products an
+// instruction. Each tile's integer sums go into the fp32 accumulators with the tile's scale; the
+// accumulators then hold dims in the interleave's order, undone when results are written.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -342,10 +352,136 @@ inline void pv_tile(float* acc, int64_t d, const float* p, const float* alpha, c
   if (c < d) pv_chunk<VOps, S, G, 1>(acc, d, p, alpha, base, off, n, c, c == 0 ? pf : none);
 }
 
-// Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d],
-// q[H][d] (fp32 q for 8-bit pools) with H = hv * G query heads.
+// int8 pools read with integer dot products (bf16 q, AVX512-VNNI); the values and scales are I8's.
+struct I8Dot : swiftlm_kvq::I8 {};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kHaveVnni = true;
+
+// 32 int8 values (16 with kTail, the rest zero) as int16.
+template <bool kTail>
+inline __m512i widen_i16(const uint8_t* p) {
+  return _mm512_cvtepi8_epi16(kTail ? _mm256_maskz_loadu_epi8(0xFFFF, p)
+                                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// raw[g * kSub + i] = q16_g . row_i for the 16 rows at base + off[i] and G query heads; q16: G rows
+// of dq int16 (dq a multiple of 32, zeros past d). Passes of T tokens keep G * T <= 16 int32 sums,
+// one hsum16 per pass; a pass that runs past token 15 repeats row 15 and drops its lanes.
+template <int G>
+inline void qk_i16(const int16_t* q16, int64_t dq, const uint8_t* base, const int64_t* off, int64_t d, float* raw) {
+  constexpr int T = kSub / G;
+  for (int t0 = 0; t0 < kSub; t0 += T) {
+    const uint8_t* rows[T];
+#pragma GCC unroll 16
+    for (int i = 0; i < T; ++i) rows[i] = base + off[std::min(t0 + i, kSub - 1)];
+    __m512i acc[G * T];
+#pragma GCC unroll 16
+    for (int i = 0; i < G * T; ++i) acc[i] = _mm512_setzero_si512();
+    auto chunk = [&](int64_t c, auto tail) {
+      __m512i qc[G];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) qc[g] = _mm512_loadu_si512(q16 + g * dq + c);
+#pragma GCC unroll 16
+      for (int i = 0; i < T; ++i) {
+        const __m512i k = widen_i16<decltype(tail)::value>(rows[i] + c);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) acc[g * T + i] = _mm512_dpwssd_epi32(acc[g * T + i], k, qc[g]);
+      }
+    };
+    int64_t c = 0;
+    for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
+    if (c < d) chunk(c, std::true_type{});
+    __m512 f[kSub];
+#pragma GCC unroll 16
+    for (int i = 0; i < kSub; ++i) f[i] = i < G * T ? _mm512_cvtepi32_ps(acc[i]) : _mm512_setzero_ps();
+    alignas(64) float lanes[kSub];
+    _mm512_store_ps(lanes, hsum16(f));  // lane g * T + i: head g, token t0 + i
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < T && t0 + i < kSub; ++i) raw[g * kSub + t0 + i] = lanes[g * T + i];
+  }
+}
+
+// The byte interleave of 4 tokens' rows a, b, c, e over 64 dims: int32 lane m of x[j] holds the 4
+// tokens' values of dim 16 (m / 4) + 4 j + m % 4 (unpacks work within 128-bit lanes).
+inline void interleave4(__m512i a, __m512i b, __m512i c, __m512i e, __m512i* x) {
+  const __m512i ab_lo = _mm512_unpacklo_epi8(a, b), ab_hi = _mm512_unpackhi_epi8(a, b);
+  const __m512i ce_lo = _mm512_unpacklo_epi8(c, e), ce_hi = _mm512_unpackhi_epi8(c, e);
+  x[0] = _mm512_unpacklo_epi16(ab_lo, ce_lo);
+  x[1] = _mm512_unpackhi_epi16(ab_lo, ce_lo);
+  x[2] = _mm512_unpacklo_epi16(ab_hi, ce_hi);
+  x[3] = _mm512_unpackhi_epi16(ab_hi, ce_hi);
+}
+
+inline __m512i broadcast4(const uint8_t* p) {  // 4 bytes into every int32 lane
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  return _mm512_set1_epi32(w);
+}
+
+// For GP (1 or 2) query heads, acc[g] (rows of da floats, interleave order) = alpha[g] * acc[g] +
+// sp[g] * sum_i (256 hi[g][i] + lo[g][i]) * V_i over tokens [0, n4) (n4 a multiple of 4; weights past
+// the tile's tokens are 0). hi, lo: weight bytes, rows of kTile.
+template <int GP>
+inline void pv_i8(float* acc, int64_t da, const uint8_t* hi, const uint8_t* lo, const float* sp, const float* alpha,
+                  const uint8_t* base, const int64_t* off, int n4, int64_t d, const Prefetch& pf) {
+  for (int64_t c = 0; c < d; c += 64) {
+    const __mmask64 m = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1;
+    __m512i sh[GP][4], sl[GP][4];
+#pragma GCC unroll 2
+    for (int g = 0; g < GP; ++g)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) sh[g][j] = sl[g][j] = _mm512_setzero_si512();
+    for (int i = 0; i < n4; i += 4) {
+      if (c == 0)
+        for (int r = i; r < std::min(i + 4, pf.n); ++r)
+          for (int64_t x = 0; x < pf.row_bytes; x += 64) {
+            _mm_prefetch(pf.k + pf.ok[r] * pf.esize + x, _MM_HINT_T0);
+            _mm_prefetch(pf.v + pf.ov[r] * pf.esize + x, _MM_HINT_T0);
+          }
+      __m512i x[4];
+      interleave4(_mm512_maskz_loadu_epi8(m, base + off[i] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 1] + c),
+                  _mm512_maskz_loadu_epi8(m, base + off[i + 2] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 3] + c), x);
+#pragma GCC unroll 2
+      for (int g = 0; g < GP; ++g) {
+        const __m512i bh = broadcast4(hi + g * kTile + i), bl = broadcast4(lo + g * kTile + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          sh[g][j] = _mm512_dpbusd_epi32(sh[g][j], bh, x[j]);
+          sl[g][j] = _mm512_dpbusd_epi32(sl[g][j], bl, x[j]);
+        }
+      }
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < GP; ++g)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // <= 32 tokens x 255 x 127 per byte: 256 sh + sl stays in int32
+        float* a = acc + g * da + c + 16 * j;
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(sh[g][j], 8), sl[g][j]));
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(sum, _mm512_set1_ps(sp[g]), _mm512_mul_ps(_mm512_loadu_ps(a), _mm512_set1_ps(alpha[g]))));
+      }
+  }
+}
+#else
+constexpr bool kHaveVnni = false;
+#endif
+
+// The interleave order (pv_i8) back to head-dim order, times mul; acc has rows padded to 64 dims.
+inline void unpermute_i8(const float* acc, float* dst, int64_t d, float mul) {
+  for (int64_t c = 0; c < d; c += 64)
+    for (int j = 0; j < 4; ++j)
+      for (int L = 0; L < 4; ++L)
+        for (int i = 0; i < 4; ++i)
+          if (const int64_t dim = c + 16 * L + 4 * j + i; dim < d) dst[dim] = acc[c + 16 * j + 4 * L + i] * mul;
+}
+
+
+// Scratch per item (floats): m[H], l[H], acc[H][da], p[G][kTile], scores[2][G][kTile], row[da],
+// q[H][da] (fp32 q for 8-bit pools, int16 q for I8Dot), then for I8Dot q's scales[H], the weight
+// bytes [2][G][kTile] and their scales[G]; H = hv * G query heads, da = d rounded up to 64.
 inline int64_t scratch_floats(int64_t hv, int64_t group, int64_t d) {
-  return hv * group * (2 * d + 2) + 3 * group * kTile + d;
+  const int64_t nh = hv * group, da = (d + 63) / 64 * 64;
+  return nh * (2 * da + 3) + 3 * group * kTile + da + group * kTile / 2 + group;
 }
 
 // Element offsets of the K and V rows of tokens [t, t + n) (n <= kTile), and of their rows in the
@@ -385,27 +521,48 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
 template <typename T, typename KV, int G>
 void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) {
   constexpr bool kQuant = !std::is_same_v<KV, T>;
+  constexpr bool kInt = std::is_same_v<KV, I8Dot>;  // integer dot products (int8 pools, bf16 q)
   using S = std::conditional_t<kQuant, uint8_t, T>;          // pool elements
   using QT = std::conditional_t<kQuant, float, T>;           // q as the dot products read it
   using KOps = std::conditional_t<kQuant, QOps<KV>, Ops<T>>;  // dots and V rows
   using AOps = std::conditional_t<kQuant, Ops<float>, Ops<T>>;  // the accumulators' dim order
   const int64_t d = P.d, hv = P.hv;
   const int64_t nh = hv * G;
+  const int64_t da = kInt ? (d + 63) / 64 * 64 : d;  // accumulator rows: pv_i8 writes 64 dims at a time
+  const int64_t dq = (d + 31) / 32 * 32;             // int16 q rows: qk_i16 reads 32 dims at a time
   float* m = ws;
   float* l = m + nh;
   float* acc = l + nh;
-  float* p = acc + nh * d;
+  float* p = acc + nh * da;
   float* scores = p + G * kTile;
   float* row = scores + 2 * G * kTile;
-  float* qf = row + d;
+  float* qf = row + da;
+  float* qscale = qf + nh * da;
+  uint8_t* wbytes = reinterpret_cast<uint8_t*>(qscale + nh);  // [2][G][kTile]: high bytes, then low bytes
+  float* wscale = qscale + nh + G * kTile / 2;
+  int16_t* q16 = reinterpret_cast<int16_t*>(qf);
   std::fill(m, m + nh, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nh, 0.0f);
-  std::fill(acc, acc + nh * d, 0.0f);
+  std::fill(acc, acc + nh * da, 0.0f);
 
   const T* q_in = static_cast<const T*>(P.q) + it.b * P.q_sb;
   const QT* q;
   int64_t q_sh = P.q_sh;
-  if constexpr (kQuant) {  // every head's q widened once: [nh, d] fp32
+  if constexpr (kInt) {  // every head's q rounded once: [nh, dq] int16 (zeros past d) and a scale
+    for (int64_t h = 0; h < nh; ++h) {
+      const T* qh = q_in + h * P.q_sh;
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t c = 0; c < d; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(swiftlm_cpu::load16(qh + c)));
+      const float mx = _mm512_reduce_max_ps(amax), sq = mx > 0.0f ? mx / 32767.0f : 1.0f;
+      qscale[h] = sq;
+      const __m512 inv = _mm512_set1_ps(1.0f / sq);
+      for (int64_t c = 0; c < d; c += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q16 + h * dq + c),
+                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(swiftlm_cpu::load16(qh + c), inv))));
+      std::fill(q16 + h * dq + d, q16 + (h + 1) * dq, int16_t(0));
+    }
+    q = nullptr;
+  } else if constexpr (kQuant) {  // every head's q widened once: [nh, d] fp32
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(qf + h * d + c, swiftlm_cpu::load16(q_in + h * P.q_sh + c));
     q = qf;
@@ -439,7 +596,25 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
         tok_scale[s / kSub] = _mm512_mul_ps(scale, _mm512_loadu_ps(ks));
       }
     }
-    if constexpr (kQuant && (G == 2 || G == 4)) {  // every K value widened once for the G heads
+    if constexpr (kInt) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+      for (int s = 0; s < kTile; s += kSub) {
+        if (s < n) {
+          const __mmask16 valid = n - s >= kSub ? __mmask16(0xFFFF) : __mmask16((1u << (n - s)) - 1u);
+          float raw[G * kSub];
+          qk_i16<G>(q16 + vh * G * dq, dq, kb, o.k + s, d, raw);
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) {
+            const __m512 mul = _mm512_mul_ps(tok_scale[s / kSub], _mm512_set1_ps(qscale[vh * G + g]));
+            _mm512_storeu_ps(sc + g * kTile + s, _mm512_mask_mul_ps(neg_inf, valid, _mm512_loadu_ps(raw + g * kSub), mul));
+          }
+        } else {
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) _mm512_storeu_ps(sc + g * kTile + s, neg_inf);
+        }
+      }
+#endif
+    } else if constexpr (kQuant && (G == 2 || G == 4)) {  // every K value widened once for the G heads
       for (int s = 0; s < kTile; s += kSub) {
         __m512 x[G];
         if (s < n) {
@@ -480,7 +655,16 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
     Prefetch pf;
     if (n_next > 0) {
       TileOffsets& o = offs[(ti + 1) & 1];
-      if (vh == 0) tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, o);
+      if (vh == 0) {
+        tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, o);
+        if constexpr (kQuant) {  // the next tile's scale rows (all kv heads of a token share a line or two)
+          const int step = std::max<int>(1, int(64 / (P.s_st * int64_t(sizeof(float)))));
+          for (int i = 0; i < n_next; i += step) {
+            _mm_prefetch(reinterpret_cast<const char*>(P.ks + o.s[i]), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(P.vs + o.s[i]), _MM_HINT_T0);
+          }
+        }
+      }
       // this head's K and V rows of the next tile, prefetched during this step's P.V: +20-30% DRAM
       // throughput over no prefetching
       pf = Prefetch{reinterpret_cast<const char*>(kbase + kvh * P.k_sh), reinterpret_cast<const char*>(vbase + kvh * P.v_sh),
@@ -517,19 +701,56 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
           _mm512_storeu_ps(p + g * kTile + s, _mm512_mul_ps(_mm512_loadu_ps(p + g * kTile + s), w));
       }
     }
+    if constexpr (kInt) {  // the weights as 16-bit fractions of the tile's max, in two bytes
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const float pmax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(p + g * kTile), _mm512_loadu_ps(p + g * kTile + kSub)));
+        wscale[g] = pmax / 65535.0f;
+        const __m512 inv = _mm512_set1_ps(pmax > 0.0f ? 65535.0f / pmax : 0.0f);
+        for (int s = 0; s < kTile; s += kSub) {
+          const __mmask16 valid = swiftlm_cpu::first_lanes(std::max(0, n - s));
+          const __m512i w = _mm512_min_epi32(_mm512_maskz_cvtps_epi32(valid, _mm512_mul_ps(_mm512_loadu_ps(p + g * kTile + s), inv)),
+                                             _mm512_set1_epi32(65535));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(wbytes + g * kTile + s), _mm512_cvtepi32_epi8(_mm512_srli_epi32(w, 8)));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(wbytes + (G + g) * kTile + s),
+                           _mm512_cvtepi32_epi8(_mm512_and_si512(w, _mm512_set1_epi32(255))));
+        }
+      }
+    }
     if (st + 1 < nsteps) qk_step(st + 1);
-    pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
+    if constexpr (kInt) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+      const int n4 = (n + 3) & ~3;  // whole groups of 4 tokens; the extra lanes repeat a row, weight 0
+      const uint8_t* vb = vbase + kvh * P.v_sh;
+      for (int g0 = 0; g0 < G; g0 += 2) {
+        float* a = acc + (vh * G + g0) * da;
+        const uint8_t *hi = wbytes + g0 * kTile, *lo = wbytes + (G + g0) * kTile;
+        if (G - g0 >= 2)
+          pv_i8<2>(a, da, hi, lo, wscale + g0, alpha + g0, vb, offs[ti & 1].v, n4, d, g0 == 0 ? pf : Prefetch{});
+        else
+          pv_i8<1>(a, da, hi, lo, wscale + g0, alpha + g0, vb, offs[ti & 1].v, n4, d, g0 == 0 ? pf : Prefetch{});
+      }
+#endif
+    } else {
+      pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
+    }
   }
 
   for (int64_t h = 0; h < nh; ++h) {
+    auto unpermute = [&](float* dst, float mul) {
+      if constexpr (kInt)
+        unpermute_i8(acc + h * da, dst, d, mul);
+      else
+        AOps::unpermute(acc + h * d, dst, d, mul);
+    };
     if (it.slot < 0) {
-      AOps::unpermute(acc + h * d, row, d, 1.0f / l[h]);
+      unpermute(row, 1.0f / l[h]);
       Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
     } else {
       float* slot = part + (it.slot * P.hq + h) * (d + 2);
       slot[0] = m[h];
       slot[1] = l[h];
-      AOps::unpermute(acc + h * d, slot + 2, d, 1.0f);
+      unpermute(slot + 2, 1.0f);
     }
   }
 }
@@ -579,7 +800,10 @@ ItemFn pick_item_fn(int64_t group) {
 template <typename T>
 ItemFn pick_item_fn(int64_t group, int64_t format) {
   switch (format) {
-    case swiftlm_kvq::kInt8: return pick_item_fn<T, swiftlm_kvq::I8>(group);
+    case swiftlm_kvq::kInt8:
+      if constexpr (std::is_same_v<T, bf16>)
+        if (kHaveVnni) return pick_item_fn<T, I8Dot>(group);
+      return pick_item_fn<T, swiftlm_kvq::I8>(group);
     case swiftlm_kvq::kE4M3: return pick_item_fn<T, swiftlm_kvq::E4M3>(group);
     case swiftlm_kvq::kE5M2: return pick_item_fn<T, swiftlm_kvq::E5M2>(group);
     default: return pick_item_fn<T, T>(group);
