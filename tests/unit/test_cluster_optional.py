@@ -42,7 +42,13 @@ def test_replica_flags() -> None:
     args = parser.parse_args(["serve", "m", "--min-replicas", "1", "--max-replicas", "3"])
     scaled = cluster_config(args, engine, server)
     assert scaled.autoscaling == {"min_replicas": 1, "max_replicas": 3, "initial_replicas": 1,
-                                  "target_ongoing_requests": 4.0}
+                                  "target_ongoing_requests": 4.0, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
+    args = parser.parse_args(["serve", "m", "--min-replicas", "1", "--max-replicas", "2", "--upscale-delay-s", "5",
+                              "--downscale-delay-s", "10"])
+    fast = cluster_config(args, engine, server)
+    assert (fast.autoscaling["upscale_delay_s"], fast.autoscaling["downscale_delay_s"]) == (5.0, 10.0)
+    with pytest.raises(ConfigError, match="--downscale-delay-s must be at least 0"):
+        ClusterConfig(engine=engine, min_replicas=1, max_replicas=2, downscale_delay_s=-1)
     with pytest.raises(ConfigError, match="below --min-replicas"):
         ClusterConfig(engine=engine, min_replicas=3, max_replicas=2)
     with pytest.raises(ConfigError, match="--replicas"):

@@ -18,8 +18,9 @@ from swiftlm.cluster.ingress import EngineIngress
 from swiftlm.cluster.replica import EngineReplica
 from swiftlm.cluster.router import SessionPrefixRouter
 
-_CLUSTER_KEYS = {"replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "threads_per_replica",
-                 "max_ongoing_requests", "max_imbalance", "prefix_chunk_chars", "routing", "app_name"}
+_CLUSTER_KEYS = {"replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s",
+                 "downscale_delay_s", "threads_per_replica", "max_ongoing_requests", "max_imbalance",
+                 "prefix_chunk_chars", "routing", "app_name"}
 
 
 def config_from_args(args: Mapping[str, Any]) -> ClusterConfig:

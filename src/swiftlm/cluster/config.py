@@ -14,7 +14,9 @@ from swiftlm.config import ConfigError, EngineConfig, ServerConfig
 class ClusterConfig:
     """``replicas``: how many engine replicas (fixed), unless ``min_replicas`` / ``max_replicas``
     are given: then Serve scales between them on queue length, aiming at
-    ``target_ongoing_requests`` requests in flight per replica. ``threads_per_replica``: the
+    ``target_ongoing_requests`` requests in flight per replica, adding a replica after
+    ``upscale_delay_s`` of sustained excess and removing one after ``downscale_delay_s`` of
+    sustained lack (Serve's defaults: 30 s and 600 s). ``threads_per_replica``: the
     CPUs each replica reserves from Ray and the compute threads its engine runs.
     ``max_imbalance``: how many more queued requests a prefix's replica may have than the
     least-loaded one and still get the request. ``prefix_chunk_chars``: the size of the chunks
@@ -27,6 +29,8 @@ class ClusterConfig:
     min_replicas: int | None = None
     max_replicas: int | None = None
     target_ongoing_requests: float = 4.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
     threads_per_replica: int = 1
     max_ongoing_requests: int = 64
     max_imbalance: int = 4
@@ -48,6 +52,9 @@ class ClusterConfig:
             raise ConfigError(f"--max-replicas {high} is below --min-replicas {low}")
         if high is not None and high < 1:
             raise ConfigError(f"--max-replicas must be at least 1, got {high}")
+        for name in ("upscale_delay_s", "downscale_delay_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(self, name)}")
 
     @property
     def autoscaling(self) -> dict[str, Any] | None:
@@ -59,6 +66,7 @@ class ClusterConfig:
         return {
             "min_replicas": low, "max_replicas": high, "initial_replicas": min(max(self.replicas, low), high),
             "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s,
         }
 
 

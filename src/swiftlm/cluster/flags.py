@@ -18,6 +18,11 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                         "affinity (default: one process, no Ray)")
     c.add_argument("--min-replicas", type=int, metavar="N", help="autoscale on queue length from N replicas")
     c.add_argument("--max-replicas", type=int, metavar="N", help="autoscale on queue length up to N replicas")
+    c.add_argument("--upscale-delay-s", type=float, metavar="S", default=30.0,
+                   help="autoscaling: add a replica after S seconds of sustained load above the target (default 30)")
+    c.add_argument("--downscale-delay-s", type=float, metavar="S", default=600.0,
+                   help="autoscaling: remove a replica after S seconds of sustained load below the target "
+                        "(default 600)")
     c.add_argument("--threads-per-replica", type=int, metavar="N",
                    help="compute threads (and Ray CPUs) per replica (default: the machine's CPUs / replicas)")
     c.add_argument("--routing", choices=ROUTING_POLICIES, default="affinity",
@@ -35,6 +40,7 @@ def cluster_config(
         engine = dataclasses.replace(engine, quantization=quantization)
     replicas = args.replicas or args.min_replicas or 1
     fields: dict[str, Any] = {"replicas": replicas, "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
-                              "routing": args.routing}
+                              "routing": args.routing, "upscale_delay_s": args.upscale_delay_s,
+                              "downscale_delay_s": args.downscale_delay_s}
     threads = args.threads_per_replica or default_threads_per_replica(max(replicas, args.max_replicas or 0))
     return ClusterConfig(engine=engine, server=server, threads_per_replica=threads, **fields)
