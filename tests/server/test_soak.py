@@ -51,4 +51,6 @@ def test_soak_one_minute(tiny_tied_dir: Path, tmp_path: Path) -> None:
     assert summary["kv"]["leaked_blocks"] == 0 and summary["kv"]["live_requests"] == 0
     assert summary["capacity_rps"] > 0 and summary["offered_rps"] > summary["capacity_rps"]
     assert summary["rss_mib"]["samples"] > 50
-    assert wall_s < 120, f"the soak took {wall_s:.0f}s"
+    # 6 + 44 s of load, then the drain: about 75-95 s here; the bound only has to catch a drain that
+    # stalls, and stays under the subprocess timeout so that such a run fails with this message
+    assert wall_s < 170, f"the soak took {wall_s:.0f}s"
