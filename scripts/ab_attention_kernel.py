@@ -25,6 +25,7 @@ import torch
 from swiftlm.backends.cpu.kernels.attention_cpu import SOURCE, load_paged_attention
 from swiftlm.backends.cpu.kernels.build import load_cpu_op_library, local_includes
 from swiftlm.backends.kv_quant import kv_format, quantize_kv
+from swiftlm.bench.bandwidth import BandwidthProbe
 
 HQ, HKV, D, BS = 16, 8, 128, 16
 REPO = Path(__file__).resolve().parents[1]
@@ -44,16 +45,6 @@ def build_old(commit: str, workdir: Path):
         header.write_text(show(rel.parent / header.name))
     load_cpu_op_library("ab_attention_old", source)
     return torch.ops.swiftlm_attention_old.paged_decode_attention.default
-
-
-def probe_gbps() -> float:
-    buf = torch.ones(64 << 20, dtype=torch.float32)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t0)
-    return buf.numel() * 4 / best / 1e9
 
 
 def pools_for(name: str, ctx: int, layers: int, g: torch.Generator):
@@ -85,6 +76,7 @@ def main() -> int:
         raise SystemExit("the paged attention kernel does not load here")
     with tempfile.TemporaryDirectory() as tmp:
         old = build_old(args.old, Path(tmp))
+    probe = BandwidthProbe()
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, HQ, D, generator=g).bfloat16()
     lens_scale = D**-0.5
@@ -108,7 +100,7 @@ def main() -> int:
             o, n = statistics.median(times["old"]), statistics.median(times["new"])
             print(f"{name:8s} context {ctx:6d} x {layers:2d} layers: old {o * 1e6:8.1f} us ({nbytes / o / 1e9:5.1f} GB/s)  "
                   f"new {n * 1e6:8.1f} us ({nbytes / n / 1e9:5.1f} GB/s)  new/old speed {o / n:5.3f}  "
-                  f"max|diff| {diff:.2e}  probe {probe_gbps():.1f} GB/s", flush=True)
+                  f"max|diff| {diff:.2e}  probe {probe.measure(3):.1f} GB/s", flush=True)
     return 0
 
 

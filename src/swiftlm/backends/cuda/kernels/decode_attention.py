@@ -14,7 +14,13 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, softmax_step, tile_dot
+from swiftlm.backends.cuda.kernels.tile_ops import (
+    interpreting,
+    launch_inputs,
+    round_to,
+    softmax_step,
+    tile_dot,
+)
 
 BLOCK_N = 64  # keys per tile
 
@@ -62,11 +68,7 @@ def decode_attention(
     """q: [B, Hq, D] (last dim contiguous); pools: [num_blocks, block_size, Hkv, D] contiguous;
     block_tables: [B, max_blocks] int; seq_lens: [B] int (keys 0 .. seq_len - 1). Returns [B, Hq, D]."""
     b, n_q, d = q.shape
-    page, n_kv = k_pool.shape[1], k_pool.shape[2]
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q)
+    q, out, page, n_kv = launch_inputs(q, k_pool, out)
     if b == 0:
         return out
     group = n_q // n_kv

@@ -18,7 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to, softmax_step, tile_dot
+from swiftlm.backends.cuda.kernels.tile_ops import (
+    interpreting,
+    launch_inputs,
+    round_to,
+    softmax_step,
+    tile_dot,
+)
 
 BLOCK_M = 64  # query rows per tile
 BLOCK_N = 64  # keys per tile
@@ -79,11 +85,7 @@ def prefill_attention(
     [R, max_blocks] int; query_start: [R + 1] int; seq_lens: [R] int; ``max_query_len``: the
     longest request's row count (sizes the grid; a host int, so no device sync). Returns [T, Hq, D]."""
     t, n_q, d = q.shape
-    page, n_kv = k_pool.shape[1], k_pool.shape[2]
-    if q.stride(2) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q)
+    q, out, page, n_kv = launch_inputs(q, k_pool, out)
     n_req = seq_lens.shape[0]
     if t == 0 or n_req == 0:
         return out

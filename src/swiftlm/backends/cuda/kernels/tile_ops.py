@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -61,3 +62,13 @@ def interpreting() -> bool:
     if knobs is not None:
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def launch_inputs(q, k_pool, out):
+    """What both attention launchers start from: q with a contiguous last dim, the output buffer
+    (``out`` or a fresh one like q), and the pools' page size and kv head count."""
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    return q, out, k_pool.shape[1], k_pool.shape[2]
