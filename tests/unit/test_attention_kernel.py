@@ -204,12 +204,14 @@ def test_eight_bit_pools_need_their_scales(op) -> None:
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d", "block_size"), [(16, 8, 128, 16), (8, 1, 64, 16), (5, 1, 48, 8),
-                                                           (12, 12, 16, 16), (14, 2, 112, 32), (32, 4, 80, 16)])
+                                                           (12, 12, 16, 16), (14, 2, 112, 32), (32, 4, 80, 16),
+                                                           (18, 2, 48, 16), (24, 24, 32, 16)])
 def test_int8_pools_with_bf16_q_round_only_once(op, hq, hkv, d, block_size) -> None:
     """bf16 q on int8 pools takes integer dot products where the CPU has AVX512-VNNI (q rounded to
     16 bits of its head's max, the softmax weights to 16 bits of their tile's max). Those roundings
     must stay far below the one rounding of the output to bf16: within half a bf16 ulp of the
-    float64 oracle plus 1e-4 (8-bit weights would miss this by ~10x)."""
+    float64 oracle plus 1e-4 (8-bit weights would miss this by ~10x). The shapes cover one and
+    several lane groups of 16 query heads, a last group part-filled, and GQA groups over 8 (virtual heads)."""
     from swiftlm.backends.kv_quant import dequantize_kv
 
     q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, "int8",

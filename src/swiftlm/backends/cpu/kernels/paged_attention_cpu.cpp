@@ -22,12 +22,14 @@
 // of each token multiplies its softmax weight (the normaliser sums the unscaled weights), and V rows
 // are widened into the fp32 accumulator in head-dim order.
 //
-// int8 pools with bf16 q on CPUs with AVX512-VNNI take integer dot products instead (I8Dot): widening
-// every 8-bit value to fp32 made the kernel bound by instructions, not memory. q is rounded once per
-// item to int16 against its head's max (|q| / 32767 steps, below bf16's own 8-bit mantissa), and
-// vpdpwssd sums int16 q times int8 K widened to int16, 32 products an instruction. The softmax
-// weights of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into
-// two bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
+// int8 pools with bf16 q on CPUs with AVX512-VNNI take integer dot products instead (I8Dot,
+// run_item_i8): widening every 8-bit value to fp32 made the kernel bound by instructions, not memory.
+// q is rounded once per item to int16 against its head's max (|q| / 32767 steps, below bf16's own
+// 8-bit mantissa), and vpdpwssd sums int16 q times int8 K widened to int16, 32 products an
+// instruction. Up to 16 query heads go together, one zmm lane each: every K row (all their kv heads)
+// is read once in address order, and the online softmax runs lane-wise over heads. The softmax weights
+// of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into two
+// bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
 // (unsigned) with its token's values (signed) and sums the 4 tokens per dim, 64 products an
 // instruction. Each tile's integer sums go into the fp32 accumulators with the tile's scale; the
 // accumulators then hold dims in the interleave's order, undone when results are written.
@@ -61,9 +63,11 @@ constexpr int kSub = 16;           // tokens per sub-tile: one zmm of scores
 constexpr int kTile = 2 * kSub;
 constexpr int kMaxGroup = 8;       // query heads per kv head handled by one instantiation
 // Planning: below kSerialBytes of K/V the call stays on the calling thread; otherwise requests are
-// split into token chunks so that each thread gets about kItemsPerThread items of >= kMinItemBytes.
+// split into token chunks so that each thread gets about kItemsPerThread items of >= kMinItemBytes
+// (an item's first tile is read without prefetching: 4 items a thread were 3-7% slower than 2 on one
+// 2048-token request, int8 pools).
 constexpr int64_t kSerialBytes = 192 << 10;
-constexpr int64_t kItemsPerThread = 4;
+constexpr int64_t kItemsPerThread = 2;
 constexpr int64_t kMinItemBytes = 64 << 10;
 using bf16 = uint16_t;
 
@@ -365,43 +369,6 @@ inline __m512i widen_i16(const uint8_t* p) {
                                     : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// raw[g * kSub + i] = q16_g . row_i for the 16 rows at base + off[i] and G query heads; q16: G rows
-// of dq int16 (dq a multiple of 32, zeros past d). Passes of T tokens keep G * T <= 16 int32 sums,
-// one hsum16 per pass; a pass that runs past token 15 repeats row 15 and drops its lanes.
-template <int G>
-inline void qk_i16(const int16_t* q16, int64_t dq, const uint8_t* base, const int64_t* off, int64_t d, float* raw) {
-  constexpr int T = kSub / G;
-  for (int t0 = 0; t0 < kSub; t0 += T) {
-    const uint8_t* rows[T];
-#pragma GCC unroll 16
-    for (int i = 0; i < T; ++i) rows[i] = base + off[std::min(t0 + i, kSub - 1)];
-    __m512i acc[G * T];
-#pragma GCC unroll 16
-    for (int i = 0; i < G * T; ++i) acc[i] = _mm512_setzero_si512();
-    auto chunk = [&](int64_t c, auto tail) {
-      __m512i qc[G];
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) qc[g] = _mm512_loadu_si512(q16 + g * dq + c);
-#pragma GCC unroll 16
-      for (int i = 0; i < T; ++i) {
-        const __m512i k = widen_i16<decltype(tail)::value>(rows[i] + c);
-#pragma GCC unroll 8
-        for (int g = 0; g < G; ++g) acc[g * T + i] = _mm512_dpwssd_epi32(acc[g * T + i], k, qc[g]);
-      }
-    };
-    int64_t c = 0;
-    for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
-    if (c < d) chunk(c, std::true_type{});
-    __m512 f[kSub];
-#pragma GCC unroll 16
-    for (int i = 0; i < kSub; ++i) f[i] = i < G * T ? _mm512_cvtepi32_ps(acc[i]) : _mm512_setzero_ps();
-    alignas(64) float lanes[kSub];
-    _mm512_store_ps(lanes, hsum16(f));  // lane g * T + i: head g, token t0 + i
-    for (int g = 0; g < G; ++g)
-      for (int i = 0; i < T && t0 + i < kSub; ++i) raw[g * kSub + t0 + i] = lanes[g * T + i];
-  }
-}
-
 // The byte interleave of 4 tokens' rows a, b, c, e over 64 dims: int32 lane m of x[j] holds the 4
 // tokens' values of dim 16 (m / 4) + 4 j + m % 4 (unpacks work within 128-bit lanes).
 inline void interleave4(__m512i a, __m512i b, __m512i c, __m512i e, __m512i* x) {
@@ -420,11 +387,12 @@ inline __m512i broadcast4(const uint8_t* p) {  // 4 bytes into every int32 lane
 }
 
 // For GP (1 or 2) query heads, acc[g] (rows of da floats, interleave order) = alpha[g] * acc[g] +
-// sp[g] * sum_i (256 hi[g][i] + lo[g][i]) * V_i over tokens [0, n4) (n4 a multiple of 4; weights past
-// the tile's tokens are 0). hi, lo: weight bytes, rows of kTile.
+// sp[g] * sum_i (256 hi(g, i) + lo(g, i)) * V_i over tokens [0, n4) (n4 a multiple of 4; weights past
+// the tile's tokens are 0). hi(g, i .. i + 3), lo(..): the weight bytes of 4 tokens, one int32 word at
+// byte hi + g * gs + i * ts.
 template <int GP>
-inline void pv_i8(float* acc, int64_t da, const uint8_t* hi, const uint8_t* lo, const float* sp, const float* alpha,
-                  const uint8_t* base, const int64_t* off, int n4, int64_t d, const Prefetch& pf) {
+inline void pv_i8(float* acc, int64_t da, const uint8_t* hi, const uint8_t* lo, int64_t gs, int64_t ts, const float* sp,
+                  const float* alpha, const uint8_t* base, const int64_t* off, int n4, int64_t d, const Prefetch& pf) {
   for (int64_t c = 0; c < d; c += 64) {
     const __mmask64 m = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1;
     __m512i sh[GP][4], sl[GP][4];
@@ -444,7 +412,7 @@ inline void pv_i8(float* acc, int64_t da, const uint8_t* hi, const uint8_t* lo, 
                   _mm512_maskz_loadu_epi8(m, base + off[i + 2] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 3] + c), x);
 #pragma GCC unroll 2
       for (int g = 0; g < GP; ++g) {
-        const __m512i bh = broadcast4(hi + g * kTile + i), bl = broadcast4(lo + g * kTile + i);
+        const __m512i bh = broadcast4(hi + g * gs + i * ts), bl = broadcast4(lo + g * gs + i * ts);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
           sh[g][j] = _mm512_dpbusd_epi32(sh[g][j], bh, x[j]);
@@ -476,12 +444,25 @@ inline void unpermute_i8(const float* acc, float* dst, int64_t d, float mul) {
 }
 
 
-// Scratch per item (floats): m[H], l[H], acc[H][da], p[G][kTile], scores[2][G][kTile], row[da],
-// q[H][da] (fp32 q for 8-bit pools, int16 q for I8Dot), then for I8Dot q's scales[H], the weight
-// bytes [2][G][kTile] and their scales[G]; H = hv * G query heads, da = d rounded up to 64.
+// Scratch per item (floats): m[H], l[H], acc[H][d], p[G][kTile], scores[2][G][kTile], row[d], q[H][d]
+// (fp32 q for 8-bit pools); H = hv * G query heads.
 inline int64_t scratch_floats(int64_t hv, int64_t group, int64_t d) {
-  const int64_t nh = hv * group, da = (d + 63) / 64 * 64;
-  return nh * (2 * da + 3) + 3 * group * kTile + da + group * kTile / 2 + group;
+  const int64_t nh = hv * group;
+  return nh * (2 * d + 2) + 3 * group * kTile + d;
+}
+
+// Query heads in one lane group of the int8 integer path (run_item_i8): one zmm lane each.
+constexpr int kLanes = 16;
+
+// run_item_i8's scratch (floats), for hv virtual heads of G query heads: per lane group m, l and q's
+// scales [kLanes] each; acc[H][da]; scores (then weights) [kTile][kLanes]; the weight words, high and
+// low bytes, [2][kTile / 4][kLanes]; alpha and the weights' scales [2][kLanes]; row[da]; int16 q
+// [groups][kLanes][dq]. da: d rounded up to 64 (pv_i8's chunks), dq: to 32 (the q.k chunks).
+inline int64_t scratch_floats_i8(int64_t hv, int64_t group, int64_t d) {
+  const int64_t groups = (hv + kLanes / group - 1) / (kLanes / group);
+  const int64_t da = (d + 63) / 64 * 64, dq = (d + 31) / 32 * 32;
+  return 3 * kLanes * groups + hv * group * da + kTile * kLanes + kTile / 2 * kLanes + 2 * kLanes + da +
+         groups * kLanes * dq / 2;
 }
 
 // Element offsets of the K and V rows of tokens [t, t + n) (n <= kTile), and of their rows in the
@@ -521,48 +502,27 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
 template <typename T, typename KV, int G>
 void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) {
   constexpr bool kQuant = !std::is_same_v<KV, T>;
-  constexpr bool kInt = std::is_same_v<KV, I8Dot>;  // integer dot products (int8 pools, bf16 q)
   using S = std::conditional_t<kQuant, uint8_t, T>;          // pool elements
   using QT = std::conditional_t<kQuant, float, T>;           // q as the dot products read it
   using KOps = std::conditional_t<kQuant, QOps<KV>, Ops<T>>;  // dots and V rows
   using AOps = std::conditional_t<kQuant, Ops<float>, Ops<T>>;  // the accumulators' dim order
   const int64_t d = P.d, hv = P.hv;
   const int64_t nh = hv * G;
-  const int64_t da = kInt ? (d + 63) / 64 * 64 : d;  // accumulator rows: pv_i8 writes 64 dims at a time
-  const int64_t dq = (d + 31) / 32 * 32;             // int16 q rows: qk_i16 reads 32 dims at a time
   float* m = ws;
   float* l = m + nh;
   float* acc = l + nh;
-  float* p = acc + nh * da;
+  float* p = acc + nh * d;
   float* scores = p + G * kTile;
   float* row = scores + 2 * G * kTile;
-  float* qf = row + da;
-  float* qscale = qf + nh * da;
-  uint8_t* wbytes = reinterpret_cast<uint8_t*>(qscale + nh);  // [2][G][kTile]: high bytes, then low bytes
-  float* wscale = qscale + nh + G * kTile / 2;
-  int16_t* q16 = reinterpret_cast<int16_t*>(qf);
+  float* qf = row + d;
   std::fill(m, m + nh, -std::numeric_limits<float>::infinity());
   std::fill(l, l + nh, 0.0f);
-  std::fill(acc, acc + nh * da, 0.0f);
+  std::fill(acc, acc + nh * d, 0.0f);
 
   const T* q_in = static_cast<const T*>(P.q) + it.b * P.q_sb;
   const QT* q;
   int64_t q_sh = P.q_sh;
-  if constexpr (kInt) {  // every head's q rounded once: [nh, dq] int16 (zeros past d) and a scale
-    for (int64_t h = 0; h < nh; ++h) {
-      const T* qh = q_in + h * P.q_sh;
-      __m512 amax = _mm512_setzero_ps();
-      for (int64_t c = 0; c < d; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(swiftlm_cpu::load16(qh + c)));
-      const float mx = _mm512_reduce_max_ps(amax), sq = mx > 0.0f ? mx / 32767.0f : 1.0f;
-      qscale[h] = sq;
-      const __m512 inv = _mm512_set1_ps(1.0f / sq);
-      for (int64_t c = 0; c < d; c += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q16 + h * dq + c),
-                            _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(swiftlm_cpu::load16(qh + c), inv))));
-      std::fill(q16 + h * dq + d, q16 + (h + 1) * dq, int16_t(0));
-    }
-    q = nullptr;
-  } else if constexpr (kQuant) {  // every head's q widened once: [nh, d] fp32
+  if constexpr (kQuant) {  // every head's q widened once: [nh, d] fp32
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t c = 0; c < d; c += 16) _mm512_storeu_ps(qf + h * d + c, swiftlm_cpu::load16(q_in + h * P.q_sh + c));
     q = qf;
@@ -596,25 +556,7 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
         tok_scale[s / kSub] = _mm512_mul_ps(scale, _mm512_loadu_ps(ks));
       }
     }
-    if constexpr (kInt) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-      for (int s = 0; s < kTile; s += kSub) {
-        if (s < n) {
-          const __mmask16 valid = n - s >= kSub ? __mmask16(0xFFFF) : __mmask16((1u << (n - s)) - 1u);
-          float raw[G * kSub];
-          qk_i16<G>(q16 + vh * G * dq, dq, kb, o.k + s, d, raw);
-#pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) {
-            const __m512 mul = _mm512_mul_ps(tok_scale[s / kSub], _mm512_set1_ps(qscale[vh * G + g]));
-            _mm512_storeu_ps(sc + g * kTile + s, _mm512_mask_mul_ps(neg_inf, valid, _mm512_loadu_ps(raw + g * kSub), mul));
-          }
-        } else {
-#pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) _mm512_storeu_ps(sc + g * kTile + s, neg_inf);
-        }
-      }
-#endif
-    } else if constexpr (kQuant && (G == 2 || G == 4)) {  // every K value widened once for the G heads
+    if constexpr (kQuant && (G == 2 || G == 4)) {  // every K value widened once for the G heads
       for (int s = 0; s < kTile; s += kSub) {
         __m512 x[G];
         if (s < n) {
@@ -701,48 +643,12 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
           _mm512_storeu_ps(p + g * kTile + s, _mm512_mul_ps(_mm512_loadu_ps(p + g * kTile + s), w));
       }
     }
-    if constexpr (kInt) {  // the weights as 16-bit fractions of the tile's max, in two bytes
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        const float pmax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_loadu_ps(p + g * kTile), _mm512_loadu_ps(p + g * kTile + kSub)));
-        wscale[g] = pmax / 65535.0f;
-        const __m512 inv = _mm512_set1_ps(pmax > 0.0f ? 65535.0f / pmax : 0.0f);
-        for (int s = 0; s < kTile; s += kSub) {
-          const __mmask16 valid = swiftlm_cpu::first_lanes(std::max(0, n - s));
-          const __m512i w = _mm512_min_epi32(_mm512_maskz_cvtps_epi32(valid, _mm512_mul_ps(_mm512_loadu_ps(p + g * kTile + s), inv)),
-                                             _mm512_set1_epi32(65535));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(wbytes + g * kTile + s), _mm512_cvtepi32_epi8(_mm512_srli_epi32(w, 8)));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(wbytes + (G + g) * kTile + s),
-                           _mm512_cvtepi32_epi8(_mm512_and_si512(w, _mm512_set1_epi32(255))));
-        }
-      }
-    }
     if (st + 1 < nsteps) qk_step(st + 1);
-    if constexpr (kInt) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-      const int n4 = (n + 3) & ~3;  // whole groups of 4 tokens; the extra lanes repeat a row, weight 0
-      const uint8_t* vb = vbase + kvh * P.v_sh;
-      for (int g0 = 0; g0 < G; g0 += 2) {
-        float* a = acc + (vh * G + g0) * da;
-        const uint8_t *hi = wbytes + g0 * kTile, *lo = wbytes + (G + g0) * kTile;
-        if (G - g0 >= 2)
-          pv_i8<2>(a, da, hi, lo, wscale + g0, alpha + g0, vb, offs[ti & 1].v, n4, d, g0 == 0 ? pf : Prefetch{});
-        else
-          pv_i8<1>(a, da, hi, lo, wscale + g0, alpha + g0, vb, offs[ti & 1].v, n4, d, g0 == 0 ? pf : Prefetch{});
-      }
-#endif
-    } else {
-      pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
-    }
+    pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
   }
 
   for (int64_t h = 0; h < nh; ++h) {
-    auto unpermute = [&](float* dst, float mul) {
-      if constexpr (kInt)
-        unpermute_i8(acc + h * da, dst, d, mul);
-      else
-        AOps::unpermute(acc + h * d, dst, d, mul);
-    };
+    auto unpermute = [&](float* dst, float mul) { AOps::unpermute(acc + h * d, dst, d, mul); };
     if (it.slot < 0) {
       unpermute(row, 1.0f / l[h]);
       Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
@@ -754,6 +660,184 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
     }
   }
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+// One item on int8 pools with bf16 q (I8Dot). The virtual heads go in lane groups of NKV = kLanes / G
+// (NKV * G <= 16 query heads, a zmm lane each). Per tile and lane group: the scores of each token for
+// all of the group's heads, from its K row read in address order (vpdpwssd into one int32 sum per
+// lane, one hsum16 per token); the online softmax lane-wise over heads (no reductions across lanes);
+// the weights rounded to 16 bits of each head's tile max and packed, 4 tokens a word; then P.V per
+// kv head (pv_i8).
+template <int G>
+void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* part) {
+  constexpr int NKV = kLanes / G;  // virtual heads per lane group
+  constexpr int NQ = NKV * G;      // query heads per lane group (lanes past NQ unused)
+  const int64_t d = P.d, hv = P.hv, nh = hv * G;
+  const int64_t da = (d + 63) / 64 * 64, dq = (d + 31) / 32 * 32;
+  const int64_t groups = (hv + NKV - 1) / NKV;
+  float* m = ws;                          // [groups][kLanes]
+  float* l = m + groups * kLanes;         // [groups][kLanes]
+  float* qs = l + groups * kLanes;        // [groups][kLanes]: q's scale * scale * log2(e)
+  float* acc = qs + groups * kLanes;      // [nh][da], interleave order (pv_i8)
+  float* sc = acc + nh * da;              // [kTile][kLanes]: scores, then weights
+  int32_t* hi = reinterpret_cast<int32_t*>(sc + kTile * kLanes);  // [kTile / 4][kLanes]
+  int32_t* lo = hi + kTile / 4 * kLanes;
+  float* lanes = reinterpret_cast<float*>(lo + kTile / 4 * kLanes);  // alpha [kLanes], weight scales [kLanes]
+  float* row = lanes + 2 * kLanes;                                   // [da]
+  int16_t* q16 = reinterpret_cast<int16_t*>(row + da);               // [groups][kLanes][dq]
+  std::fill(m, m + groups * kLanes, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + groups * kLanes, 0.0f);
+  std::fill(qs, qs + groups * kLanes, 0.0f);
+  std::fill(acc, acc + nh * da, 0.0f);
+  std::fill(q16, q16 + groups * kLanes * dq, int16_t(0));
+
+  // every head's q rounded once to int16 against its max (|q| / 32767 steps), zeros past d
+  const bf16* q_in = static_cast<const bf16*>(P.q) + it.b * P.q_sb;
+  for (int64_t h = 0; h < nh; ++h) {  // head h: lane group h / NQ, lane h % NQ
+    const bf16* qh = q_in + h * P.q_sh;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(swiftlm_cpu::load16(qh + c)));
+    const float mx = _mm512_reduce_max_ps(amax), sq = mx > 0.0f ? mx / 32767.0f : 1.0f;
+    qs[h / NQ * kLanes + h % NQ] = sq * P.scale_log2;
+    const __m512 inv = _mm512_set1_ps(1.0f / sq);
+    int16_t* dst = q16 + (h / NQ * kLanes + h % NQ) * dq;
+    for (int64_t c = 0; c < d; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(swiftlm_cpu::load16(qh + c), inv))));
+  }
+
+  const uint8_t* kbase = static_cast<const uint8_t*>(P.k);
+  const uint8_t* vbase = static_cast<const uint8_t*>(P.v);
+  const int64_t* table = P.tables + it.b * P.tables_sb;
+  const int64_t ntiles = (it.t1 - it.t0 + kTile - 1) / kTile;
+  auto tile_len = [&](int64_t ti) { return int(std::min<int64_t>(kTile, it.t1 - it.t0 - ti * kTile)); };
+  const int64_t n_kv = hv / P.ratio;
+  TileOffsets offs[2];  // tiles ti and ti + 1
+  tile_offsets(P, table, it.t0, tile_len(0), offs[0]);
+  for (int64_t ti = 0; ti < ntiles; ++ti) {
+    const int n = tile_len(ti), n4 = (n + 3) & ~3;  // P.V takes whole groups of 4 tokens (weight 0 past n)
+    const int n_next = ti + 1 < ntiles ? tile_len(ti + 1) : 0;
+    const TileOffsets& o = offs[ti & 1];
+    const TileOffsets& on = offs[(ti + 1) & 1];
+    if (n_next > 0) {  // the next tile's offsets, and its scale rows (all kv heads of a token share a line or two)
+      tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, offs[(ti + 1) & 1]);
+      const int step = std::max<int>(1, int(64 / (P.s_st * int64_t(sizeof(float)))));
+      for (int i = 0; i < n_next; i += step) {
+        _mm_prefetch(reinterpret_cast<const char*>(P.ks + on.s[i]), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(P.vs + on.s[i]), _MM_HINT_T0);
+      }
+    }
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      const int64_t vh0 = grp * NKV;  // the group's first virtual head
+      const int nv = int(std::min<int64_t>(NKV, hv - vh0));
+      const int64_t kv0 = vh0 / P.ratio;  // its kv head
+      const int16_t* qg = q16 + grp * kLanes * dq;
+      alignas(64) int32_t lane_kv[kLanes];  // lane -> its kv head - kv0 (lanes past the group: its last head)
+      int64_t hoff[NKV];                    // K row offset of each virtual head's kv head
+      for (int x = 0; x < kLanes; ++x) lane_kv[x] = int((vh0 + std::min(x / G, nv - 1)) / P.ratio - kv0);
+      for (int x = 0; x < NKV; ++x) hoff[x] = ((vh0 + std::min(x, nv - 1)) / P.ratio) * P.k_sh;
+      const __m512i kv_idx = _mm512_load_si512(lane_kv);
+      const __mmask16 kv_mask = swiftlm_cpu::first_lanes(n_kv - kv0);
+      const __m512 qscale = _mm512_loadu_ps(qs + grp * kLanes);
+      // a token's K or V scales, one per lane: its scale row from kv0 on, each head's to its lanes
+      auto lane_scales = [&](const float* pool, int i) {
+        return _mm512_mul_ps(_mm512_permutexvar_ps(kv_idx, _mm512_maskz_loadu_ps(kv_mask, pool + o.s[i] + kv0)),
+                             _mm512_set1_ps(I8Dot::kMul));
+      };
+
+      for (int i = 0; i < n; ++i) {  // scores: sc[i][lane] = q_lane . k_i * K scale * scale * log2(e)
+        const uint8_t* krow = kbase + o.k[i];
+        __m512i a[kLanes];
+#pragma GCC unroll 16
+        for (int x = 0; x < kLanes; ++x) a[x] = _mm512_setzero_si512();
+        auto chunk = [&](int64_t c, auto tail) {  // 32 dims of every head of the group
+#pragma GCC unroll 16
+          for (int v = 0; v < NKV; ++v) {
+            const __m512i k = widen_i16<decltype(tail)::value>(krow + hoff[v] + c);
+#pragma GCC unroll 8
+            for (int g = 0; g < G; ++g)
+              a[v * G + g] = _mm512_dpwssd_epi32(a[v * G + g], k, _mm512_loadu_si512(qg + (v * G + g) * dq + c));
+          }
+        };
+        int64_t c = 0;
+        for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
+        if (c < d) chunk(c, std::true_type{});
+        __m512 f[kLanes];
+#pragma GCC unroll 16
+        for (int x = 0; x < kLanes; ++x) f[x] = _mm512_cvtepi32_ps(a[x]);
+        _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(hsum16(f), _mm512_mul_ps(qscale, lane_scales(P.ks, i))));
+      }
+
+      // online softmax over the tile, lane-wise, in the log2 domain; each token's V scale into its
+      // weight (l sums the unscaled weights)
+      __m512 mx = _mm512_loadu_ps(sc);
+      for (int i = 1; i < n; ++i) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + i * kLanes));
+      const __m512 m_old = _mm512_loadu_ps(m + grp * kLanes), m_new = _mm512_max_ps(m_old, mx);
+      const __m512 alpha = swiftlm_cpu::exp2_ps(_mm512_sub_ps(m_old, m_new));  // 0 on the first tile
+      __m512 sum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
+      for (int i = 0; i < n; ++i) {
+        const __m512 e = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + i * kLanes), m_new));
+        sum = _mm512_add_ps(sum, e);
+        const __m512 w = _mm512_mul_ps(e, lane_scales(P.vs, i));
+        pmax = _mm512_max_ps(pmax, w);
+        _mm512_storeu_ps(sc + i * kLanes, w);
+      }
+      _mm512_storeu_ps(l + grp * kLanes, _mm512_fmadd_ps(_mm512_loadu_ps(l + grp * kLanes), alpha, sum));
+      _mm512_storeu_ps(m + grp * kLanes, m_new);
+      _mm512_storeu_ps(lanes, alpha);
+      _mm512_storeu_ps(lanes + kLanes, _mm512_mul_ps(pmax, _mm512_set1_ps(1.0f / 65535.0f)));
+
+      // the weights as 16-bit fractions of each head's tile max; word j of a lane: the high (low)
+      // bytes of tokens 4j .. 4j + 3
+      const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(pmax, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                             _mm512_set1_ps(65535.0f), pmax);
+      for (int j = 0; j < n4; j += 4) {
+        __m512i wh = _mm512_setzero_si512(), wl = _mm512_setzero_si512();
+        for (int r = 0; r < 4 && j + r < n; ++r) {
+          const __m512i w = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(sc + (j + r) * kLanes), inv)),
+                                             _mm512_set1_epi32(65535));
+          wh = _mm512_or_si512(wh, _mm512_slli_epi32(_mm512_srli_epi32(w, 8), 8 * r));
+          wl = _mm512_or_si512(wl, _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(255)), 8 * r));
+        }
+        _mm512_storeu_si512(hi + j / 4 * kLanes, wh);
+        _mm512_storeu_si512(lo + j / 4 * kLanes, wl);
+      }
+
+      for (int v = 0; v < nv; ++v) {  // P.V per virtual head; its kv head's rows of the next tile prefetched
+        const int64_t kvh = (vh0 + v) / P.ratio;
+        Prefetch pf;
+        if (n_next > 0)
+          pf = Prefetch{reinterpret_cast<const char*>(kbase + kvh * P.k_sh), reinterpret_cast<const char*>(vbase + kvh * P.v_sh),
+                        on.k, on.v, n_next, d, 1};
+        for (int g0 = 0; g0 < G; g0 += 2) {
+          const int lane = v * G + g0;
+          float* a = acc + ((vh0 + v) * G + g0) * da;
+          const uint8_t* hb = reinterpret_cast<const uint8_t*>(hi + lane);
+          const uint8_t* lb = reinterpret_cast<const uint8_t*>(lo + lane);
+          const Prefetch& pg = g0 == 0 ? pf : Prefetch{};
+          if (G - g0 >= 2)
+            pv_i8<2>(a, da, hb, lb, 4, kLanes, lanes + kLanes + lane, lanes + lane, vbase + kvh * P.v_sh, o.v, n4, d, pg);
+          else
+            pv_i8<1>(a, da, hb, lb, 4, kLanes, lanes + kLanes + lane, lanes + lane, vbase + kvh * P.v_sh, o.v, n4, d, pg);
+        }
+      }
+    }
+  }
+
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t lane = h / NQ * kLanes + h % NQ;
+    if (it.slot < 0) {
+      unpermute_i8(acc + h * da, row, d, 1.0f / l[lane]);
+      Ops<bf16>::store(row, out + (it.b * P.hq + h) * d, d);
+    } else {
+      float* slot = part + (it.slot * P.hq + h) * (d + 2);
+      slot[0] = m[lane];
+      slot[1] = l[lane];
+      unpermute_i8(acc + h * da, slot + 2, d, 1.0f);
+    }
+  }
+}
+#endif
 
 // Combine the split-K partials of one (request, query head) with weights 2^(m_c - M).
 // acc: d floats of scratch.
@@ -779,7 +863,13 @@ using ItemFn = void (*)(const Problem&, const Item&, float*, void*, float*);
 
 template <typename T, typename KV, int G>
 void run_item_erased(const Problem& P, const Item& it, float* ws, void* out, float* part) {
-  run_item<T, KV, G>(P, it, ws, static_cast<T*>(out), part);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  if constexpr (std::is_same_v<KV, I8Dot>) {
+    run_item_i8<G>(P, it, ws, static_cast<bf16*>(out), part);
+    return;
+  }
+#endif
+  if constexpr (!std::is_same_v<KV, I8Dot>) run_item<T, KV, G>(P, it, ws, static_cast<T*>(out), part);
 }
 
 template <typename T, typename KV>
@@ -917,7 +1007,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
                    [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });  // longest first
   std::vector<float> part(slots * Hq * (D + 2));
   const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group, format) : pick_item_fn<bf16>(group, format);
-  const int64_t ws_floats = scratch_floats(Hv, group, D);
+  const int64_t ws_floats = std::max(scratch_floats(Hv, group, D), scratch_floats_i8(Hv, group, D));
   void* out_ptr = out.data_ptr();
   float* part_ptr = part.data();
 
