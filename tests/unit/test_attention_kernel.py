@@ -203,6 +203,21 @@ def test_eight_bit_pools_need_their_scales(op) -> None:
         op(q, kq, vq.view(torch.float8_e4m3fn), tables, lens, 0.125, ks, vs)
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(16, 8, 128), (9, 3, 64), (18, 2, 48), (32, 4, 80)])
+def test_int8_qk_on_amx_tiles_equals_vnni_dot_products(op, hq, hkv, d) -> None:
+    """On CPUs with AMX, int8 pools whose blocks hold a multiple of 16 tokens take q.k on AMX tiles
+    (16 rows of one block a tile); other block sizes take VNNI dot products. Both sum the same
+    integers, so the same pools seen as blocks of 16 and as blocks of 8 (a reshape: block b of 16 is
+    blocks 2b and 2b + 1 of 8) must give bit-identical outputs."""
+    q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, "int8", seed=3)
+    out16 = op(q, kq, vq, tables, lens, d**-0.5, ks, vs)
+    n = kq.shape[0]
+    halves = torch.stack([2 * tables, 2 * tables + 1], dim=-1).flatten(1)  # block b of 16 -> 2b, 2b + 1 of 8
+    out8 = op(q, kq.view(2 * n, 8, hkv, d), vq.view(2 * n, 8, hkv, d), halves, lens, d**-0.5,
+              ks.view(2 * n, 8, hkv), vs.view(2 * n, 8, hkv))
+    assert torch.equal(out16, out8), f"max abs diff {(out16.float() - out8.float()).abs().max().item():.3g}"
+
+
 @pytest.mark.parametrize(("hq", "hkv", "d", "block_size"), [(16, 8, 128, 16), (8, 1, 64, 16), (5, 1, 48, 8),
                                                            (12, 12, 16, 16), (14, 2, 112, 32), (32, 4, 80, 16),
                                                            (18, 2, 48, 16), (24, 24, 32, 16)])
