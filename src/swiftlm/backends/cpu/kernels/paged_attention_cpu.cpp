@@ -30,9 +30,9 @@
 // is read once in address order, and the online softmax runs lane-wise over heads. On CPUs with AMX
 // (and blocks of a multiple of 16 tokens) q.k runs on tiles instead: q's int16 as a signed high byte
 // and an unsigned low byte (two B tiles per 64 dims), 16 K rows of one block as A (tdpbssd, tdpbsud):
-// the same integer sums (a call in cache, 1 thread: 1.34x faster than with vpdpwssd). The softmax weights
-// of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into two
-// bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
+// the same integer sums (a call in cache, 1 thread: 1.34x faster than with vpdpwssd). The softmax
+// weights of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into
+// two bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
 // (unsigned) with its token's values (signed) and sums the 4 tokens per dim, 64 products an
 // instruction. Each tile's integer sums go into the fp32 accumulators with the tile's scale; the
 // accumulators then hold dims in the interleave's order, undone when results are written.
