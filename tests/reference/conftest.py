@@ -78,18 +78,27 @@ class ServeProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> int:
-        """Poll GET /health until 200; the last status code seen (0: never answered)."""
+        """Poll GET /health until 200; the last status code seen (0: never answered). Only once this
+        process's own log says it bound the port: another test's server may have taken the port
+        between ``free_port()`` and the bind, and would answer /health for it (this process then logs
+        "address already in use" and exits)."""
         deadline = time.monotonic() + timeout_s
+        bound = re.compile(rf"Uvicorn running on http://\S+:{self.port}\b")  # any --host
         code = 0
         while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                code = httpx.get(self.base_url + "/health", timeout=2).status_code
-            except httpx.HTTPError:
-                code = 0
-            if code == 200:
-                return code
+            if bound.search(self.log_path.read_text(errors="replace")):
+                try:
+                    code = httpx.get(self.base_url + "/health", timeout=2).status_code
+                except httpx.HTTPError:
+                    code = 0
+                if code == 200:
+                    return code
             time.sleep(0.1)
         return code
+
+    def lost_port(self) -> bool:
+        """Whether the process could not bind its port because something else held it."""
+        return "address already in use" in self.log_path.read_text(errors="replace")
 
     def generation_tokens(self) -> float:
         """The server's ``swiftlm:generation_tokens`` counter, summed over its labels."""
@@ -170,10 +179,15 @@ def _session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
 
 
 def _start_reference(pool: ServerPool, model_dir: Path, *extra: str) -> ServeProcess:
-    port = free_port()
-    server = pool(["serve", str(model_dir), "--port", str(port), "--served-model-name", *SERVED_NAMES, *extra], port)
-    assert server.wait_healthy() == 200, server.log()
-    return server
+    """A healthy server on a free port; on another port when the one picked was taken before the bind."""
+    for _ in range(3):
+        port = free_port()
+        server = pool(["serve", str(model_dir), "--port", str(port), "--served-model-name", *SERVED_NAMES, *extra], port)
+        if server.wait_healthy() == 200:
+            return server
+        if not server.lost_port():
+            break
+    raise AssertionError(server.log())
 
 
 @pytest.fixture(scope="session")
