@@ -11,6 +11,11 @@ from swiftlm.cluster.routing import ROUTING_POLICIES
 from swiftlm.config import EngineConfig, ServerConfig
 
 
+def _config_default(name: str) -> Any:
+    """ClusterConfig's default for a field (the flags show and pass the same value)."""
+    return next(f.default for f in dataclasses.fields(ClusterConfig) if f.name == name)
+
+
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("replicas on Ray Serve (pip install swiftlm[ray])")
     c.add_argument("--replicas", type=int, metavar="N",
@@ -18,11 +23,12 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                         "affinity (default: one process, no Ray)")
     c.add_argument("--min-replicas", type=int, metavar="N", help="autoscale on queue length from N replicas")
     c.add_argument("--max-replicas", type=int, metavar="N", help="autoscale on queue length up to N replicas")
-    c.add_argument("--upscale-delay-s", type=float, metavar="S", default=30.0,
-                   help="autoscaling: add a replica after S seconds of sustained load above the target (default 30)")
-    c.add_argument("--downscale-delay-s", type=float, metavar="S", default=600.0,
+    c.add_argument("--upscale-delay-s", type=float, metavar="S", default=_config_default("upscale_delay_s"),
+                   help="autoscaling: add a replica after S seconds of sustained load above the target "
+                        "(default %(default)g)")
+    c.add_argument("--downscale-delay-s", type=float, metavar="S", default=_config_default("downscale_delay_s"),
                    help="autoscaling: remove a replica after S seconds of sustained load below the target "
-                        "(default 600)")
+                        "(default %(default)g)")
     c.add_argument("--threads-per-replica", type=int, metavar="N",
                    help="compute threads (and Ray CPUs) per replica (default: the machine's CPUs / replicas)")
     c.add_argument("--routing", choices=ROUTING_POLICIES, default="affinity",

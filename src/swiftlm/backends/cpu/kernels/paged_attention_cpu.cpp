@@ -502,6 +502,16 @@ inline void tile_offsets(const Problem& P, const int64_t* table, int64_t t, int 
   }
 }
 
+// The K and V scale rows of a tile's first n tokens (8-bit pools): all kv heads of a token share a
+// line or two.
+inline void prefetch_scale_rows(const Problem& P, const TileOffsets& o, int n) {
+  const int step = std::max<int>(1, int(64 / (P.s_st * int64_t(sizeof(float)))));
+  for (int i = 0; i < n; i += step) {
+    _mm_prefetch(reinterpret_cast<const char*>(P.ks + o.s[i]), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(P.vs + o.s[i]), _MM_HINT_T0);
+  }
+}
+
 // One item. It walks steps (tile, virtual head) in that nesting; the scores of step st + 1 are
 // computed between the softmax and the P.V of step st, so the latency of the softmax reductions
 // hides behind independent dot products. Virtual head vh owns query heads vh*G .. vh*G + G - 1 and
@@ -606,13 +616,7 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
       TileOffsets& o = offs[(ti + 1) & 1];
       if (vh == 0) {
         tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, o);
-        if constexpr (kQuant) {  // the next tile's scale rows (all kv heads of a token share a line or two)
-          const int step = std::max<int>(1, int(64 / (P.s_st * int64_t(sizeof(float)))));
-          for (int i = 0; i < n_next; i += step) {
-            _mm_prefetch(reinterpret_cast<const char*>(P.ks + o.s[i]), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(P.vs + o.s[i]), _MM_HINT_T0);
-          }
-        }
+        if constexpr (kQuant) prefetch_scale_rows(P, o, n_next);
       }
       // this head's K and V rows of the next tile, prefetched during this step's P.V: +20-30% DRAM
       // throughput over no prefetching
@@ -758,13 +762,9 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
     const int n_next = ti + 1 < ntiles ? tile_len(ti + 1) : 0;
     const TileOffsets& o = offs[ti & 1];
     const TileOffsets& on = offs[(ti + 1) & 1];
-    if (n_next > 0) {  // the next tile's offsets, and its scale rows (all kv heads of a token share a line or two)
+    if (n_next > 0) {  // the next tile's offsets, and its scale rows
       tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, offs[(ti + 1) & 1]);
-      const int step = std::max<int>(1, int(64 / (P.s_st * int64_t(sizeof(float)))));
-      for (int i = 0; i < n_next; i += step) {
-        _mm_prefetch(reinterpret_cast<const char*>(P.ks + on.s[i]), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(P.vs + on.s[i]), _MM_HINT_T0);
-      }
+      prefetch_scale_rows(P, on, n_next);
     }
     for (int64_t grp = 0; grp < groups; ++grp) {
       const int64_t vh0 = grp * NKV;  // the group's first virtual head
