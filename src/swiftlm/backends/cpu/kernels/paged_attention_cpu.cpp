@@ -91,7 +91,7 @@ constexpr int64_t kMinItemBytes = 64 << 10;
 using bf16 = uint16_t;
 // Where the kernels' software prefetches put the next tile's rows: the L2. Spread through the work
 // (one line per line read) and into L2, they let the pools stream at the memory's rate on a Zen4 VM
-// (whole-row reads, bf16: 2.2-2.8x over L1 prefetches in bursts, 1.4x over spread L1 prefetches).
+// (whole-row reads, bf16: 2.2-2.7x over L1 prefetches in bursts, 1.6x over spread L1 prefetches).
 constexpr _mm_hint kStreamHint = _MM_HINT_T1;
 
 struct Problem {
@@ -653,8 +653,8 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
 // each of the four V rows read whole (four sequential streams), into the fp32 accumulators in
 // scratch. Each 32 dims read, K or V, prefetch the same 32 dims of the next tile's row into L2. On a
 // Zen4 VM a read-only probe of the per-head order (2 threads, shuffled 16-token blocks) read 15 GB/s
-// where whole rows read 27-31; in the kernel, spread L2 prefetches read 1.7-2x faster than the same
-// prefetches into L1 (28 layers, 2048 and 8192 tokens).
+// where whole rows read 27-31; in the kernel, spread L2 prefetches read 1.6-1.7x faster than the
+// same prefetches into L1 (28 layers, 2048 tokens).
 template <typename T>
 struct RowOps;
 
