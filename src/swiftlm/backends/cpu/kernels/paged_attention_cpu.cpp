@@ -119,44 +119,37 @@ struct Item {
   int64_t b, t0, t1, slot;  // t0 a multiple of kTile
 };
 
-// Transposed horizontal sum: lane i of the result is the sum of the 16 lanes of a[i].
-inline __m512 hsum16(const __m512* a) {
-  __m512 s1[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
-    s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                          _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  __m512 s2[4];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: partial sums of a[4i .. 4i+3]
-    const __m512d x = _mm512_castps_pd(s1[2 * i]), y = _mm512_castps_pd(s1[2 * i + 1]);
-    s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-// hsum16 on int32 lanes (exact): lane i of the result is the sum of the 16 lanes of a[i].
-inline __m512i hsum16_epi32(const __m512i* a) {
+// Transposed horizontal sum: lane i of the result is the sum of the 16 lanes of a[i], summed with add
+// (float or int32 lanes: the shuffles only move bits).
+template <typename Add>
+inline __m512i hsum16_lanes(const __m512i* a, Add add) {
   __m512i s1[8];
 #pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    s1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    s1[i] = add(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
   __m512i s2[4];
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)
-    s2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(s1[2 * i], s1[2 * i + 1]), _mm512_unpackhi_epi64(s1[2 * i], s1[2 * i + 1]));
-  const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_i32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_i32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_epi32(_mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: partial sums of a[4i .. 4i+3]
+    s2[i] = add(_mm512_unpacklo_epi64(s1[2 * i], s1[2 * i + 1]), _mm512_unpackhi_epi64(s1[2 * i], s1[2 * i + 1]));
+  const __m512i w01 = add(_mm512_shuffle_i32x4(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i w23 = add(_mm512_shuffle_i32x4(s2[2], s2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(s2[2], s2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return add(_mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+             _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+inline __m512 hsum16(const __m512* a) {
+  __m512i b[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) b[i] = _mm512_castps_si512(a[i]);
+  return _mm512_castsi512_ps(hsum16_lanes(b, [](__m512i x, __m512i y) {
+    return _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(y)));
+  }));
+}
+
+inline __m512i hsum16_epi32(const __m512i* a) {  // exact
+  return hsum16_lanes(a, [](__m512i x, __m512i y) { return _mm512_add_epi32(x, y); });
 }
 
 template <typename T>
@@ -497,6 +490,26 @@ inline void prefetch_first_tile(const Problem& P, const TileOffsets& o, int n, i
     }
 }
 
+// An item's results for its nh query heads: head h's (m, l) at m[lane(h)], l[lane(h)];
+// unpermute(h, dst, mul) writes its accumulator in head-dim order times mul. The whole request: the
+// normalised row, rounded to T, into out; one chunk of a split request: (m, l, acc) into its slot.
+template <typename T, typename Lane, typename Unpermute>
+inline void write_item(const Problem& P, const Item& it, int64_t nh, const float* m, const float* l, Lane lane,
+                       Unpermute unpermute, float* row, T* out, float* part) {
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t x = lane(h);
+    if (it.slot < 0) {
+      unpermute(h, row, 1.0f / l[x]);
+      Ops<T>::store(row, out + (it.b * P.hq + h) * P.d, P.d);
+    } else {
+      float* slot = part + (it.slot * P.hq + h) * (P.d + 2);
+      slot[0] = m[x];
+      slot[1] = l[x];
+      unpermute(h, slot + 2, 1.0f);
+    }
+  }
+}
+
 // One item. It walks steps (tile, virtual head) in that nesting; the scores of step st + 1 are
 // computed between the softmax and the P.V of step st, so the latency of the softmax reductions
 // hides behind independent dot products. Virtual head vh owns query heads vh*G .. vh*G + G - 1 and
@@ -632,18 +645,8 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
     pv_tile<KOps, S, G>(acc + vh * G * d, d, p, alpha, vbase + kvh * P.v_sh, offs[ti & 1].v, n, pf);
   }
 
-  for (int64_t h = 0; h < nh; ++h) {
-    auto unpermute = [&](float* dst, float mul) { Ops<float>::unpermute(acc + h * d, dst, d, mul); };
-    if (it.slot < 0) {
-      unpermute(row, 1.0f / l[h]);
-      Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
-    } else {
-      float* slot = part + (it.slot * P.hq + h) * (d + 2);
-      slot[0] = m[h];
-      slot[1] = l[h];
-      unpermute(slot + 2, 1.0f);
-    }
-  }
+  write_item(P, it, nh, m, l, [](int64_t h) { return h; },
+             [&](int64_t h, float* dst, float mul) { Ops<float>::unpermute(acc + h * d, dst, d, mul); }, row, out, part);
 }
 
 // One item on pools of q's dtype (float32 or bf16), read in address order: the virtual heads go in
@@ -816,19 +819,8 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
     }
   }
 
-  for (int64_t h = 0; h < nh; ++h) {
-    const int64_t lane = h / NQ * kLanes + h % NQ;
-    auto unpermute = [&](float* dst, float mul) { Ops<T>::unpermute(acc + h * d, dst, d, mul); };
-    if (it.slot < 0) {
-      unpermute(row, 1.0f / l[lane]);
-      Ops<T>::store(row, out + (it.b * P.hq + h) * d, d);
-    } else {
-      float* slot = part + (it.slot * P.hq + h) * (d + 2);
-      slot[0] = m[lane];
-      slot[1] = l[lane];
-      unpermute(slot + 2, 1.0f);
-    }
-  }
+  write_item(P, it, nh, m, l, [](int64_t h) { return h / NQ * kLanes + h % NQ; },
+             [&](int64_t h, float* dst, float mul) { Ops<T>::unpermute(acc + h * d, dst, d, mul); }, row, out, part);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -1063,18 +1055,8 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
   if (amx) _tile_release();
 #endif
-  for (int64_t h = 0; h < nh; ++h) {
-    const int64_t lane = h / NQ * kLanes + h % NQ;
-    if (it.slot < 0) {
-      unpermute_i8(acc + h * da, row, d, 1.0f / l[lane]);
-      Ops<bf16>::store(row, out + (it.b * P.hq + h) * d, d);
-    } else {
-      float* slot = part + (it.slot * P.hq + h) * (d + 2);
-      slot[0] = m[lane];
-      slot[1] = l[lane];
-      unpermute_i8(acc + h * da, slot + 2, d, 1.0f);
-    }
-  }
+  write_item(P, it, nh, m, l, [](int64_t h) { return h / NQ * kLanes + h % NQ; },
+             [&](int64_t h, float* dst, float mul) { unpermute_i8(acc + h * da, dst, d, mul); }, row, out, part);
 }
 #endif
 
