@@ -81,6 +81,9 @@ constexpr int kSub = 16;           // tokens per sub-tile: one zmm of scores
 constexpr int kTile = 2 * kSub;
 constexpr int kMaxGroup = 8;       // query heads per kv head handled by one instantiation
 constexpr int kLanes = 16;         // query heads in one lane group (run_item_rows, run_item_i8): a zmm lane each
+// The int8 integer path sums a head's q.k in int32: |q . k| <= 32767 * 128 * d stays exact up to this
+// head_dim; longer heads take the float path.
+constexpr int64_t kMaxI8DotDim = 512;
 // Planning: below kSerialBytes of K/V the call stays on the calling thread; otherwise requests are
 // split into token chunks so that each thread gets about kItemsPerThread items of >= kMinItemBytes
 // (an item's first tile is read without prefetching: 4 items a thread were 3-7% slower than 2 on one
@@ -649,6 +652,27 @@ void run_item(const Problem& P, const Item& it, float* ws, T* out, float* part) 
              [&](int64_t h, float* dst, float mul) { Ops<float>::unpermute(acc + h * d, dst, d, mul); }, row, out, part);
 }
 
+// The online softmax of one tile, lane-wise (a query head a lane), in the log2 domain: sc[i] (i < n,
+// kLanes floats each) holds token i's scores; m and l (kLanes each) move on to include the tile, l
+// summing e_i = 2^(sc[i] - m_new); sc[i] becomes weight(i, e_i). Returns alpha = 2^(m_old - m_new),
+// the factor for what was accumulated before (0 on the first tile).
+template <typename Weight>
+inline __m512 softmax_lanes(float* sc, int n, float* m, float* l, Weight weight) {
+  __m512 mx = _mm512_loadu_ps(sc);
+  for (int i = 1; i < n; ++i) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + i * kLanes));
+  const __m512 m_old = _mm512_loadu_ps(m), m_new = _mm512_max_ps(m_old, mx);
+  const __m512 alpha = swiftlm_cpu::exp2_ps(_mm512_sub_ps(m_old, m_new));
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < n; ++i) {
+    const __m512 e = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + i * kLanes), m_new));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_storeu_ps(sc + i * kLanes, weight(i, e));
+  }
+  _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), alpha, sum));
+  _mm512_storeu_ps(m, m_new);
+  return alpha;
+}
+
 // One item on pools of q's dtype (float32 or bf16), read in address order: the virtual heads go in
 // lane groups of NKV = kLanes / G (NKV * G <= 16 query heads, a zmm lane each). Per tile and lane
 // group: the scores of each token for all of the group's heads from its K row (all their kv heads:
@@ -714,6 +738,11 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
   auto tile_len = [&](int64_t ti) { return int(std::min<int64_t>(kTile, it.t1 - it.t0 - ti * kTile)); };
   const __m512 scale = _mm512_set1_ps(P.scale_log2);
   const int64_t d32 = d / 32 * 32;  // dims in whole 32-dim chunks; a 16-dim tail past them
+  // the same 32 dims of the next tile's row i (K or V), pulled in as this tile's are read
+  auto prefetch32 = [](const T* p) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), kStreamHint);
+    if constexpr (sizeof(T) == 4) _mm_prefetch(reinterpret_cast<const char*>(p + 16), kStreamHint);
+  };
   TileOffsets offs[2];  // tiles ti and ti + 1
   tile_offsets(P, table, it.t0, tile_len(0), offs[0]);
   prefetch_first_tile(P, offs[0], tile_len(0), sizeof(T));
@@ -723,11 +752,6 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
     const TileOffsets& o = offs[ti & 1];
     const TileOffsets& on = offs[(ti + 1) & 1];
     if (n_next > 0) tile_offsets(P, table, it.t0 + (ti + 1) * kTile, n_next, offs[(ti + 1) & 1]);
-    // the same 32 dims of the next tile's row i (K or V), pulled in as this tile's are read
-    auto prefetch32 = [](const T* p) {
-      _mm_prefetch(reinterpret_cast<const char*>(p), kStreamHint);
-      if constexpr (sizeof(T) == 4) _mm_prefetch(reinterpret_cast<const char*>(p + 16), kStreamHint);
-    };
     for (int64_t grp = 0; grp < groups; ++grp) {
       const int64_t vh0 = grp * NKV;  // the group's first virtual head
       const int nv = int(std::min<int64_t>(NKV, hv - vh0));
@@ -762,20 +786,9 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
         _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(hsum16(a), scale));
       }
 
-      // online softmax over the tile, lane-wise, in the log2 domain; weights past n are 0
-      __m512 mx = _mm512_loadu_ps(sc);
-      for (int i = 1; i < n; ++i) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + i * kLanes));
-      const __m512 m_old = _mm512_loadu_ps(m + grp * kLanes), m_new = _mm512_max_ps(m_old, mx);
-      const __m512 alpha = swiftlm_cpu::exp2_ps(_mm512_sub_ps(m_old, m_new));  // 0 on the first tile
-      __m512 sum = _mm512_setzero_ps();
-      for (int i = 0; i < n; ++i) {
-        const __m512 e = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + i * kLanes), m_new));
-        sum = _mm512_add_ps(sum, e);
-        _mm512_storeu_ps(sc + i * kLanes, e);
-      }
+      // the online softmax; weights past n are 0
+      const __m512 alpha = softmax_lanes(sc, n, m + grp * kLanes, l + grp * kLanes, [](int, __m512 e) { return e; });
       for (int i = n; i < n4; ++i) _mm512_storeu_ps(sc + i * kLanes, _mm512_setzero_ps());
-      _mm512_storeu_ps(l + grp * kLanes, _mm512_fmadd_ps(_mm512_loadu_ps(l + grp * kLanes), alpha, sum));
-      _mm512_storeu_ps(m + grp * kLanes, m_new);
       alignas(64) float al[kLanes];
       _mm512_store_ps(al, alpha);
       for (int x = 0; x < nv * G; ++x) {  // acc *= alpha, per head
@@ -999,27 +1012,18 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
         int64_t c = 0;
         for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
         if (c < d) chunk(c, std::true_type{});
-        // |q . k| <= 32767 * 128 * d: exact in int32 for d <= 512, so the lanes sum as integers
+        // exact in int32 for d <= kMaxI8DotDim, so the lanes sum as integers
         const __m512 dots = _mm512_cvtepi32_ps(hsum16_epi32(a));
         _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, _mm512_mul_ps(qscale, lane_scales(P.ks, i))));
       }
 
-      // online softmax over the tile, lane-wise, in the log2 domain; each token's V scale into its
-      // weight (l sums the unscaled weights)
-      __m512 mx = _mm512_loadu_ps(sc);
-      for (int i = 1; i < n; ++i) mx = _mm512_max_ps(mx, _mm512_loadu_ps(sc + i * kLanes));
-      const __m512 m_old = _mm512_loadu_ps(m + grp * kLanes), m_new = _mm512_max_ps(m_old, mx);
-      const __m512 alpha = swiftlm_cpu::exp2_ps(_mm512_sub_ps(m_old, m_new));  // 0 on the first tile
-      __m512 sum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
-      for (int i = 0; i < n; ++i) {
-        const __m512 e = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sc + i * kLanes), m_new));
-        sum = _mm512_add_ps(sum, e);
+      // the online softmax; each token's V scale into its weight (l sums the unscaled weights)
+      __m512 pmax = _mm512_setzero_ps();
+      const __m512 alpha = softmax_lanes(sc, n, m + grp * kLanes, l + grp * kLanes, [&](int i, __m512 e) {
         const __m512 w = _mm512_mul_ps(e, lane_scales(P.vs, i));
         pmax = _mm512_max_ps(pmax, w);
-        _mm512_storeu_ps(sc + i * kLanes, w);
-      }
-      _mm512_storeu_ps(l + grp * kLanes, _mm512_fmadd_ps(_mm512_loadu_ps(l + grp * kLanes), alpha, sum));
-      _mm512_storeu_ps(m + grp * kLanes, m_new);
+        return w;
+      });
       _mm512_storeu_ps(lanes, alpha);
       _mm512_storeu_ps(lanes + kLanes, _mm512_mul_ps(pmax, _mm512_set1_ps(1.0f / 65535.0f)));
 
@@ -1112,11 +1116,11 @@ ItemFn pick_item_fn(int64_t group) {
 }
 
 template <typename T>
-ItemFn pick_item_fn(int64_t group, int64_t format) {
+ItemFn pick_item_fn(int64_t group, int64_t format, int64_t d) {
   switch (format) {
     case swiftlm_kvq::kInt8:
       if constexpr (std::is_same_v<T, bf16>)
-        if (kHaveVnni) return pick_item_fn<T, I8Dot>(group);
+        if (kHaveVnni && d <= kMaxI8DotDim) return pick_item_fn<T, I8Dot>(group);
       return pick_item_fn<T, swiftlm_kvq::I8>(group);
     case swiftlm_kvq::kE4M3: return pick_item_fn<T, swiftlm_kvq::E4M3>(group);
     case swiftlm_kvq::kE5M2: return pick_item_fn<T, swiftlm_kvq::E5M2>(group);
@@ -1233,7 +1237,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });  // longest first
   std::vector<float> part(slots * Hq * (D + 2));
-  const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group, format) : pick_item_fn<bf16>(group, format);
+  const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group, format, D) : pick_item_fn<bf16>(group, format, D);
   const int64_t ws_floats =
       std::max({scratch_floats(Hv, group, D), scratch_floats_i8(Hv, group, D), scratch_floats_rows(Hv, group, D)});
   void* out_ptr = out.data_ptr();
