@@ -29,8 +29,9 @@ Block ids and lengths are bounds-checked (RuntimeError), so a bad table cannot r
 The op is bound by how fast the pools stream from memory; the engine's pools are on transparent
 huge pages (``backends/cpu/host_memory.py``). Measured on a 2-core Xeon VM, 28 layers'
 pools of a 2048-token context (235 MB, bf16): 15-16 ms from memory, 9.6 ms when they sit in cache.
-On a 2-core Zen4 VM, after the pools came to be read in whole rows with L2 prefetches (2026-12-02):
-10.4 ms (23 GB/s; the weights stream at 25-33), int8 7.6 ms (16 GB/s, bound by its arithmetic).
+On a 2-core Zen4 VM, with the pools read in whole rows and L2 prefetches (2026-12-02, the long-context
+bench, weights streaming at 30 GB/s): bf16 8.2 ms (29 GB/s), int8 6.3 ms (19 GB/s; halving its
+instructions did not make it faster from memory, see BENCHMARKS.md).
 """
 
 from __future__ import annotations

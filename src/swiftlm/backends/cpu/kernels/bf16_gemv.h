@@ -80,12 +80,13 @@ inline void gemv_into(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (RN * k));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     // this thread's weights: rows g0 * RN .. min(g1 * RN, n), one contiguous byte range
-    const char* pf = reinterpret_cast<const char*>(w_all + g0 * RN * k) + PREFETCH;
+    const char* start = reinterpret_cast<const char*>(w_all + g0 * RN * k);
     const char* pf_end = reinterpret_cast<const char*>(w_all + std::min(g1 * RN, n) * k);
+    const char* pf = start + PREFETCH;
     // its first PREFETCH bytes, which the walk ahead never covers, requested at once: a decode step
     // runs ~200 of these GEMVs, and each thread's start was read by demand misses alone (Zen4 VM,
     // batch-1 decode: 1.05-1.06x in three interleaved runs)
-    for (const char* p = pf - PREFETCH; p < std::min(pf, pf_end); p += 64) _mm_prefetch(p, PREFETCH_HINT);
+    for (const char* p = start; p < std::min(pf, pf_end); p += 64) _mm_prefetch(p, PREFETCH_HINT);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * RN, rows = std::min<int64_t>(RN, n - n0);
       const uint16_t* w = w_all + n0 * k;
