@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import ANSWER
 from tests.reference.conftest import HUB_ID, offline_env
-from tests.server.conftest import free_port
+from tests.server.conftest import free_port, free_ports
 
 ARTICLE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "002_1fa5de43ae0dd110.txt"
 
@@ -110,16 +110,21 @@ def test_commands_are_the_articles() -> None:
 @pytest.fixture(scope="module")
 def servers(serve_factory, hub_cache: Path) -> dict:
     started = {}
-    for name, command in COMMANDS.items():
-        port = free_port()
+    for (name, command), port in zip(COMMANDS.items(), free_ports(len(COMMANDS)), strict=True):
         started[name] = serve_factory(argv(command, port), port, env=offline_env(hub_cache))
     return started
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
-def test_command_serves_a_chat(servers: dict, name: str) -> None:
+def test_command_serves_a_chat(servers: dict, serve_factory, hub_cache: Path, name: str) -> None:
     server = servers[name]
     code = server.wait_healthy()
+    for _ in range(2):  # another process (a parallel test worker) took the port before the bind: a new one
+        if code == 200 or not server.lost_port():
+            break
+        port = free_port()
+        server = serve_factory(argv(COMMANDS[name], port), port, env=offline_env(hub_cache))
+        code = server.wait_healthy()
     assert code == 200, f"{' '.join(server.argv[2:])}: GET /health {code}\n{server.log()}"
     client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")
     reply = client.chat.completions.create(
