@@ -16,13 +16,16 @@ import torch
 from swiftlm import LLM, SamplingParams
 from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.decode import DecodeLayers
+from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
+from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
 from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_AMX, QUANT_GEMV_ROWS
 from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.quant import dequantized_reference
 from swiftlm.platform import cpu_flags
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=3)
-NEEDS = ("avx512f", "avx512bw", "avx512_bf16")  # the op's kernels: bf16 GEMV, paged attention, fused ops
+NEEDS = (*GEMV_FLAGS, *ATTENTION_FLAGS)  # the op's kernels: bf16 GEMV, paged attention, fused ops
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +37,13 @@ def kernels() -> CpuKernels:
             pytest.fail(f"the decode layers op did not load on a CPU with {', '.join(NEEDS)}: {loaded.missing}")
         pytest.skip(f"CPU without {', '.join(missing)}")
     return loaded
+
+
+def need_quant(kernels: CpuKernels) -> None:
+    """Skip where the quantised GEMV kernels cannot run (a CPU without AVX512-VNNI); fail where they should."""
+    if kernels.quant is None:
+        assert not all(f in cpu_flags() for f in QUANT_FLAGS), f"no quantised GEMV kernels: {kernels.missing}"
+        pytest.skip(f"quantised GEMV kernels unavailable: CPU lacks {QUANT_FLAGS}")
 
 
 def params(i: int) -> SamplingParams:
@@ -71,7 +81,7 @@ def test_decode_layers_equal_python_loop(kernels: CpuKernels, tiny_model_dir: Pa
     if path == "amx" and kernels.amx is None:
         pytest.skip("no AMX here")
     if path == "int8" or path == "int4":
-        assert kernels.quant is not None
+        need_quant(kernels)
     base = dataclasses.replace(kernels, amx=None) if path == "gemv-only" else kernels
     quantization = path if path in ("int8", "int4") else None
     # every prompt prefills in the first step, so that decode steps shrink from the whole batch to 1
@@ -96,6 +106,7 @@ def test_decode_layers_equal_python_loop(kernels: CpuKernels, tiny_model_dir: Pa
 
 def test_layers_the_op_cannot_run_keep_the_python_loop(kernels: CpuKernels, tiny_model_dir: Path) -> None:
     """int8 layers switched to the float64 reference path: the op does not apply to them."""
+    need_quant(kernels)
     llm = LLM(str(tiny_model_dir), dtype="bfloat16", quantization="int8", backend=CpuBackend(kernels=kernels))
     llm.generate([{"prompt_token_ids": [5, 6, 7]}], PARAMS)
     assert llm.engine.backend.step_plan.decode_layers is not None
@@ -123,13 +134,14 @@ def test_bad_slot_is_an_error_not_a_write(kernels: CpuKernels, tiny_model_dir: P
     assert all(torch.equal(a, b) for a, b in zip(before, k_pools, strict=True))
 
 
-@pytest.mark.parametrize("path", ["amx", "int8"])
+@pytest.mark.parametrize("path", ["bf16", "int8"])
 def test_decode_layers_on_llama_and_qwen2(kernels: CpuKernels, tiny_arch_dir: Path, path: str) -> None:
     """Llama has no q/k norm (the op rotates the heads as they are); Qwen2's q/k/v biases keep the
-    Python loop (the op takes bias-free linears). Either way the outputs equal the loop's."""
-    if path == "amx" and kernels.amx is None:
-        pytest.skip("no AMX here")
-    kwargs = {"dtype": "bfloat16", "quantization": None if path == "amx" else path, "max_num_batched_tokens": 4096}
+    Python loop (the op takes bias-free linears). Either way the outputs equal the loop's. bf16
+    weights: GEMV rows, and AMX rows where the CPU has AMX."""
+    if path == "int8":
+        need_quant(kernels)
+    kwargs = {"dtype": "bfloat16", "quantization": None if path == "bf16" else path, "max_num_batched_tokens": 4096}
     calls: list[int] = []
     fast = LLM(str(tiny_arch_dir), backend=CpuBackend(kernels=counting(kernels, calls)), **kwargs)
     slow = LLM(str(tiny_arch_dir), backend=CpuBackend(kernels=dataclasses.replace(kernels, decode_layers=None)),

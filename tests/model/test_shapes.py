@@ -18,6 +18,9 @@ import torch
 from swiftlm import LLM, SamplingParams
 from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.kernels.amx_linear_cpu import REQUIRED_CPU_FLAGS as AMX_FLAGS
+from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
+from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
 from swiftlm.backends.cpu.ops import KERNELS, CpuKernels
 from swiftlm.backends.torch import TorchBackend
 from swiftlm.platform import cpu_flags
@@ -58,7 +61,9 @@ SHAPES = {
     "hd128-gqa4-tied": Shape(128, 4, 1, 128, 256, True, frozenset()),
     "hd64-mha-untied": Shape(128, 2, 2, 64, 256, False, frozenset()),
 }
-KERNEL_FLAGS = ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")
+# each kernel and the instruction sets it needs (the fused ops need none)
+KERNEL_FLAGS = {"fused_ops": (), "gemv": GEMV_FLAGS, "attention": ATTENTION_FLAGS, "amx": AMX_FLAGS,
+                "decode_layers": (*GEMV_FLAGS, *ATTENTION_FLAGS), "quant": QUANT_FLAGS}
 
 
 def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
@@ -78,11 +83,10 @@ def fallbacks(llm: LLM) -> set[str]:
 @pytest.fixture(scope="module")
 def kernels() -> CpuKernels:
     loaded = CpuKernels.load()
-    if all(f in cpu_flags() for f in KERNEL_FLAGS):
-        # the AMX linear needs AMX besides: on a CPU without it (a Zen4, say) it is rightly absent
-        runnable = set(KERNELS) - (set() if all(f in cpu_flags() for f in AMX_FLAGS) else {"amx"})
-        missing = {k: why for k, why in loaded.missing.items() if k in runnable}
-        assert not missing, f"kernels did not load on a CPU with their instruction sets: {missing}"
+    assert set(KERNEL_FLAGS) == set(KERNELS)
+    runnable = {k for k, flags in KERNEL_FLAGS.items() if all(f in cpu_flags() for f in flags)}
+    missing = {k: why for k, why in loaded.missing.items() if k in runnable}
+    assert not missing, f"kernels did not load on a CPU with their instruction sets: {missing}"
     return loaded
 
 

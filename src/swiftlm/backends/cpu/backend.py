@@ -101,6 +101,8 @@ class CpuBackend(Backend):
                 "dequantise + F.linear"
             self.plan.append(f"linears: {quantization}, {how}")
         packing = self.prepack is not False and can_pack(dtype)
+        if self.prepack is True and not packing:
+            self.fell_back("oneDNN prepack", f"oneDNN cannot pack {dtype_name(dtype)} weights on this CPU")
         if k.gemv is None:
             if dtype == torch.bfloat16 and quantization is None:
                 self.fell_back("bf16 GEMV", k.missing.get("gemv", "not loaded"))

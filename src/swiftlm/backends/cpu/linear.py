@@ -38,6 +38,8 @@ class GemvLinear(nn.Module):
             raise ValueError(f"GemvLinear: {reason}")
         self.register_buffer("weight", weight.contiguous(), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        if packed and not can_pack(weight.dtype):
+            raise ValueError(f"GemvLinear: oneDNN cannot pack {weight.dtype} weights on this CPU")
         packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1) if packed else None
         self.register_buffer("packed_weight", packed_weight, persistent=False)
         self.gemv = gemv
@@ -106,8 +108,14 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    """oneDNN can lay out weights of ``dtype`` for its matmul on this CPU."""
-    return torch.backends.mkldnn.is_available() and dtype in (torch.bfloat16, torch.float32)
+    """oneDNN can lay out weights of ``dtype`` for its matmul on this CPU: float32 wherever oneDNN is
+    built in; bfloat16 only where oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an
+    AVX2-only CPU packing a bf16 weight raises)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -29,9 +29,9 @@ KERNELS = ("fused_ops", "gemv", "amx", "attention", "decode_layers", "quant")
 @dataclass(frozen=True, slots=True)
 class CpuKernels:
     fused_ops: FusedOps | None = None  # norms, q/k norm + rotary, SiLU-multiply (kernels/fused_cpu.cpp)
-    gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 (kernels/bf16_linear_cpu.cpp)
+    gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 or AVX2 (kernels/bf16_linear_cpu.cpp)
     amx: AmxKernel | None = None  # bf16 linear for small batches, AMX, and its row capacity
-    attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512
+    attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512 or AVX2
     decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
     quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
     missing: dict[str, str] = field(default_factory=dict)  # kernel -> why it is not here

@@ -1,7 +1,9 @@
-"""Decode attention over the paged KV cache on CPU: an AVX-512 kernel (``paged_attention_cpu.cpp``).
+"""Decode attention over the paged KV cache on CPU (``paged_attention_cpu.cpp``): AVX-512 item
+runners where the CPU has AVX-512 F and BW, AVX2 + FMA + F16C ones elsewhere
+(``paged_attention_avx2.h``), chosen at build time by the CPU's flags (``-march=native``).
 
 ``load_paged_attention()`` returns the op, or ``None`` when it cannot run here (CPU without
-AVX-512, no compiler, failed build); the reason is logged once at INFO and callers keep the torch
+AVX2, FMA and F16C, no compiler, failed build); the reason is logged once at INFO and callers keep the torch
 path (gather the blocks, then SDPA with a length mask), which is also the test oracle. The first
 call compiles the kernel (~15-20 s on 2 cores) into ``swiftlm.backends.cpu.kernels.build.cache_dir()``; later
 processes load the cached library in milliseconds.
@@ -45,7 +47,7 @@ import torch
 from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw")  # AVX512-BF16 is used when present
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")  # AVX-512 (F, BW; BF16, VNNI, AMX) is used when present
 HEAD_DIM_MULTIPLE = 16  # the kernel reads head_dim in vectors of 16 floats
 DTYPES = (torch.float32, torch.bfloat16)
 

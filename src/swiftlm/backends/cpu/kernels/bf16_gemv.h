@@ -33,9 +33,15 @@ constexpr _mm_hint PREFETCH_HINT = _MM_HINT_T1;
 // contiguous values, read as C interleaved streams; ``pf`` (when not null) walks the thread's
 // range linearly PREFETCH bytes ahead of the data consumed, C lines per step of 32 columns, so
 // the prefetches follow memory order whatever the row length (next rows, next group).
+//
+// AVX512-BF16: vdpbf16ps, 32 products into 16 lanes. AVX2 + FMA (CPUs without it): each 16 bf16
+// values are read as 8 32-bit lanes and widened in place, the even values by a shift (<< 16) and
+// the odd ones by a mask (bits 16..31), then multiplied and added into 8 float32 lanes with FMA.
+// Products of bf16 values are exact in float32 either way; only the order of the sums differs.
 template <int R, int C>
 inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, uint16_t* out, int64_t ldo,
                   const char** pf, const char* pf_end) {
+#if defined(__AVX512BF16__)
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -53,6 +59,39 @@ inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, 
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) out[r * ldo + c] = swiftlm_cpu::bf16_bits(_mm512_reduce_add_ps(acc[r][c]));
+#else
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // a 16-value half of a 32-value step, widened: [0] the even values, [1] the odd ones
+  const auto widen = [high](const uint16_t* p, __m256* v) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(u, high));
+  };
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < k; kk += KB) {
+    if (pf != nullptr && *pf < pf_end) {
+      for (int c = 0; c < C; ++c) _mm_prefetch(*pf + 64 * c, PREFETCH_HINT);
+      *pf += 64 * C;
+    }
+    for (int64_t half = 0; half < KB; half += 16) {
+      __m256 wv[C][2];
+      for (int c = 0; c < C; ++c) widen(w + c * k + kk + half, wv[c]);
+      for (int r = 0; r < R; ++r) {
+        __m256 xv[2];
+        widen(x + r * ldx + kk + half, xv);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv[1], wv[c][1], _mm256_fmadd_ps(xv[0], wv[c][0], acc[r][c]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]), _mm256_extractf128_ps(acc[r][c], 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      out[r * ldo + c] = swiftlm_cpu::bf16_bits(_mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))));
+    }
+#endif
 }
 
 // Every activation row against one group: passes of MR rows; only the first pass prefetches.

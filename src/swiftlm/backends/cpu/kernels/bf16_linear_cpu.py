@@ -1,8 +1,9 @@
-"""bf16 GEMV for decode on CPUs with AVX512-BF16 (``bf16_linear_cpu.cpp``).
+"""bf16 GEMV for decode on x86 CPUs (``bf16_linear_cpu.cpp``): vdpbf16ps where the CPU has AVX512-BF16,
+else AVX2 + FMA (the instruction set follows the CPU's flags at build time, ``-march=native``).
 
 ``load_bf16_gemv()`` returns the compiled op ``gemv(x [M, K] bf16, weight [N, K] bf16) -> [M, N]``
 (K a multiple of 32, both contiguous), or ``None`` when it cannot run here (CPU without
-AVX512-BF16, no compiler, failed build; the reason is logged once) so that callers keep
+AVX2 and FMA, no compiler, failed build; the reason is logged once) so that callers keep
 ``F.linear``. Its plain-torch twin is ``F.linear`` itself: the op computes the same sums in float32
 in another order, and the tests hold it to that.
 """
@@ -18,7 +19,7 @@ import torch
 from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
 
 SOURCE = Path(__file__).with_name("bf16_linear_cpu.cpp")
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+REQUIRED_CPU_FLAGS = ("avx2", "fma")  # every AVX512-BF16 CPU has both; it takes vdpbf16ps there
 K_MULTIPLE = 32  # the kernel reads K in vectors of 32 bf16 values
 
 

@@ -9,7 +9,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -107,6 +107,52 @@ inline __m512 exp_ps(__m512 x) {
 }
 
 inline float exp2_one(float x) { return _mm512_cvtss_f32(exp2_ps(_mm512_set1_ps(x))); }
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// ---- 8 lanes (CPUs with AVX2 but not AVX-512): the same bf16 rounding, and 2^x by the same
+// reduction and polynomial as exp2_ps, 2^n built in the exponent bits ----
+
+// 8 float32 lanes rounded to bf16 into dst[0 .. 8)
+inline void store8_bf16(uint16_t* dst, __m256 v) {
+  const __m256i i = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(i, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(i, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // 32-bit lanes -> 16 bits: [r0..r3 r0..r3 | r4..r7 r4..r7], then the low 64 bits of each half
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
+}
+
+// 2^x for x <= 127; 0 for x below -125, -inf and NaN.
+inline __m256 exp2_ps8(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-125.0f);
+  const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lowest), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));  // (x - n) exact
+  __m256 p = _mm256_set1_ps(2.48015873015873e-05f);  // e^r to degree 8, as exp_reduced
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.984126984126984e-04f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.388888888888889e-03f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333333333333333e-03f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166666666666667e-02f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666666666666667e-01f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);  // 2^n
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+inline float exp2_one8(float x) { return _mm256_cvtss_f32(exp2_ps8(_mm256_set1_ps(x))); }
+
+// lane j of the result: the sum of the 8 lanes of a[j]
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // [a0..a3 low halves | high halves]
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
 #endif
 
 // ---- op registration: an op's schema and its CPU kernel in one call, inside TORCH_LIBRARY. The
