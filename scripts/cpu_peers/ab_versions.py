@@ -29,8 +29,9 @@ from swiftlm.bench.bandwidth import BandwidthProbe  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--version", action="append", required=True, metavar="LABEL=SRC_DIR",
-                    help="a swiftlm source tree (the directory holding the swiftlm package)")
+    ap.add_argument("--version", action="append", required=True, metavar="LABEL=SRC_DIR[:KERNEL,...]",
+                    help="a swiftlm source tree (the directory holding the swiftlm package); after a colon, "
+                         "CPU kernels to leave out in it (their torch path, no oneDNN packing)")
     ap.add_argument("--quantization", choices=["int8", "int4"], help="load every swiftlm version quantised")
     ap.add_argument("--llama-gguf", help="also run llama.cpp (flash attention on) on this GGUF")
     ap.add_argument("--llama-python", default="/work/peers-venv/bin/python")
@@ -43,8 +44,11 @@ def main() -> None:
     swiftlm_labels = set()
     for spec in args.version:
         label, _, src = spec.partition("=")
+        src, _, disabled = src.partition(":")
         src_dir = Path(src).resolve()
         cmd = ["env", f"PYTHONPATH={src_dir}", sys.executable, str(WORKER), "swiftlm", args.model]
+        if disabled:
+            cmd += ["--disable-kernels", disabled]
         if args.quantization:
             cmd += ["--quantization", args.quantization]
         workers.append(Worker(label, cmd, 2.0))

@@ -1,6 +1,6 @@
 """One engine of the CPU peer benchmark, driven over stdin / stdout (see run.py).
 
-    python worker.py swiftlm MODEL_DIR [--quantization int8|int4]
+    python worker.py swiftlm MODEL_DIR [--quantization int8|int4] [--disable-kernels gemv,attention,...]
     python worker.py hf MODEL_DIR
     python worker.py llama MODEL.gguf [--flash-attn] [--no-extra-bufts]
 
@@ -29,6 +29,8 @@ def swiftlm_engine(args: argparse.Namespace):
 
     torch.set_num_threads(args.threads)
     extra = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}  # older trees lack the field
+    if args.disable_kernels:  # the torch path for these kernels, and no oneDNN packing (older trees lack both)
+        extra |= {"cpu_disable_kernels": tuple(args.disable_kernels.split(",")), "cpu_prepack": False}
     llm = LLM(args.model, dtype="bfloat16", quantization=args.quantization, kv_cache_memory=1 << 30,
               enable_prefix_caching=False, max_model_len=4096, **extra)
 
@@ -121,6 +123,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--quantization")
     parser.add_argument("--kv-cache-dtype", help="swiftlm: auto|int8|fp8|fp8_e5m2; llama: q8_0 (with --flash-attn)")
+    parser.add_argument("--disable-kernels", help="swiftlm: comma-separated CPU kernels left out (ops.KERNELS)")
     parser.add_argument("--flash-attn", action="store_true")
     parser.add_argument("--no-extra-bufts", action="store_true")
     parser.add_argument("--threads", type=int, default=2)

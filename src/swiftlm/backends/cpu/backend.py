@@ -29,11 +29,12 @@ from swiftlm.backends.base import Backend
 from swiftlm.backends.cpu.decode import DecodeLayers
 from swiftlm.backends.cpu.fused_forward import StepPlan, build_plan, fused_forward
 from swiftlm.backends.cpu.host_memory import huge_page_tensors
+from swiftlm.backends.cpu.kernels.attention_cpu import instruction_set as attention_isa
 from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
 from swiftlm.backends.cpu.kernels.build import dtype_name
 from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
 from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
-from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_DENSE_BF16, RowLimits
 from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
 from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.cpu.weight_arena import place_weights_in_arena
@@ -62,7 +63,8 @@ class CpuBackend(Backend):
         self.kernels = kernels if kernels is not None else CpuKernels.load(disable)
         k = self.kernels
         self.limits = RowLimits.for_kernels(
-            gemv=k.gemv is not None, amx_capacity=k.amx.max_rows if k.amx is not None else None, quant=k.quant is not None
+            gemv=k.gemv is not None, amx_capacity=k.amx.max_rows if k.amx is not None else None, quant=k.quant is not None,
+            dense_bf16=can_pack(torch.bfloat16),
         )
         self.prepack = prepack
         self.place_weights = place_weights
@@ -114,8 +116,9 @@ class CpuBackend(Backend):
             count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx.linear if k.amx else None)
             self.num_kernel_linears = count
             if count:
-                self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}), more rows: "
-                                 f"{'oneDNN packed' if extra else 'F.linear'}")
+                more = "" if limits.gemv >= GEMV_ROWS_WITHOUT_DENSE_BF16 else \
+                    f", more rows: {'oneDNN packed' if extra else 'F.linear'}"
+                self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}){more}")
             for reason, names in _grouped(left).items():
                 self.fell_back("bf16 GEMV", f"{names}: {reason}")
         if k.amx is None and k.gemv is not None and dtype == torch.bfloat16 and quantization is None:
@@ -131,7 +134,7 @@ class CpuBackend(Backend):
             attention_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
         if reason is None:
             self.decode_kernel = k.attention
-            self.plan.append("decode attention: AVX-512 paged kernel; prefill: gather + SDPA")
+            self.plan.append(f"decode attention: {attention_isa()} paged kernel; prefill: gather + SDPA")
         else:
             self.decode_kernel = None
             self.fell_back("decode attention", reason)
@@ -149,7 +152,8 @@ class CpuBackend(Backend):
         reason = self._decode_layers_reason(model, cfg, dtype)
         if reason is None:
             decode = DecodeLayers(model.model, k.decode_layers, self.limits)
-            self.plan.append(f"decode steps of 1-{decode.max_rows} rows: every layer in one C++ call")
+            rows = "every batch size" if decode.max_rows >= GEMV_ROWS_WITHOUT_DENSE_BF16 else f"1-{decode.max_rows} rows"
+            self.plan.append(f"decode steps of {rows}: every layer in one C++ call")
         else:
             self.fell_back("decode layers op", reason)
         self.step_plan = StepPlan(build_plan(model.model), k.fused_ops, decode)

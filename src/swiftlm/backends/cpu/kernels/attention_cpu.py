@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
+from swiftlm.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")  # AVX-512 (F, BW; BF16, VNNI, AMX) is used when present
@@ -61,6 +62,11 @@ def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int) -
     if n_kv_heads <= 0 or n_heads % n_kv_heads:
         return f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads"
     return None
+
+def instruction_set() -> str:
+    """The instruction set the kernel is built for on this CPU: "AVX-512" or "AVX2"."""
+    return "AVX-512" if {"avx512f", "avx512bw"} <= cpu_flags() else "AVX2"
+
 
 PagedDecodeAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor

@@ -111,9 +111,19 @@ inline void rows_over_group(const uint16_t* x, int64_t m, int64_t k, const uint1
   }
 }
 
+// Rows per pass over the weights when a call has many (CPUs whose dense bf16 matmul is slow send
+// prefill rows here too, see limits.py): the block's activations stay in L2 while every weight
+// group streams past them once.
+constexpr int64_t ROW_BLOCK = 64;
+
 // out[m, n] = bf16(x[m, :] . w[n, :]) for x [m, k], w [n, k] row-major bf16 bits, out [m, n]; k % 32 == 0.
 inline void gemv_into(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w_all, int64_t n, uint16_t* out) {
   if (m == 0 || n == 0) return;
+  if (m > ROW_BLOCK) {  // one pass over the weights per block of rows
+    for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK)
+      gemv_into(x + r0 * k, std::min(ROW_BLOCK, m - r0), k, w_all, n, out + r0 * n);
+    return;
+  }
   const int64_t groups = (n + RN - 1) / RN;  // the last group may hold fewer than RN rows
   // grain: ~64 KB of weights per task at least, so that small layers do not pay for many threads
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (RN * k));
