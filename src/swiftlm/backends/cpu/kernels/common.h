@@ -124,14 +124,10 @@ inline void store8_bf16(uint16_t* dst, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
 }
 
-// 2^x for x <= 127; 0 for x below -125, -inf and NaN.
-inline __m256 exp2_ps8(__m256 x) {
-  const __m256 lowest = _mm256_set1_ps(-125.0f);
-  const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lowest), _mm256_set1_ps(127.0f));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));  // (x - n) exact
-  __m256 p = _mm256_set1_ps(2.48015873015873e-05f);  // e^r to degree 8, as exp_reduced
+// e^r 2^n for the lanes of `keep`, 0 elsewhere; n integral in [-125, 127] (2^n built in the exponent
+// bits), |r| <= ln2 / 2: exp_reduced's polynomial.
+inline __m256 exp_reduced8(__m256 r, __m256 n, __m256 keep) {
+  __m256 p = _mm256_set1_ps(2.48015873015873e-05f);  // 1/8!
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.984126984126984e-04f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.388888888888889e-03f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333333333333333e-03f));
@@ -142,6 +138,30 @@ inline __m256 exp2_ps8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);  // 2^n
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+// 2^x for x <= 127; 0 for x below -125, -inf and NaN.
+inline __m256 exp2_ps8(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-125.0f);
+  const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lowest), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 r = _mm256_mul_ps(_mm256_sub_ps(x, n), _mm256_set1_ps(0.6931471805599453f));  // (x - n) exact
+  return exp_reduced8(r, n, keep);
+}
+
+// e^x; 0 for x below -125 ln2 = -86.6 (and for -inf and NaN); above 88.0 the result stops growing
+// (2^127 times at most e^(ln2 / 2)) instead of reaching inf.
+inline __m256 exp_ps8(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-125.0f);
+  const __m256 x_log2e = _mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f));
+  const __m256 keep = _mm256_cmp_ps(x_log2e, lowest, _CMP_GE_OQ);
+  const __m256 n = _mm256_round_ps(_mm256_min_ps(_mm256_max_ps(x_log2e, lowest), _mm256_set1_ps(127.0f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // ln2's high bits: n * them is exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);     // and the rest of ln2
+  r = _mm256_min_ps(r, _mm256_set1_ps(0.34657359f));  // x past 127 ln2: r = ln2 / 2 at most
+  return exp_reduced8(r, n, keep);
 }
 
 inline float exp2_one8(float x) { return _mm256_cvtss_f32(exp2_ps8(_mm256_set1_ps(x))); }

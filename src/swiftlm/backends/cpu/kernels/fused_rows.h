@@ -69,6 +69,15 @@ inline void silu_f32(const float* x, float* s, int64_t n) {
     const __m512 e = swiftlm_cpu::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), v));
     swiftlm_cpu::store16(s + j, _mm512_div_ps(v, _mm512_add_ps(one, e)), lanes);
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j);
+    const __m256 e = swiftlm_cpu::exp_ps8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(s + j, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+  }
+  for (; j < n; ++j) s[j] = x[j] / (1.f + std::exp(-x[j]));  // the n % 8 values left
 #else
   for (int64_t j = 0; j < n; ++j) s[j] = x[j] / (1.f + std::exp(-x[j]));
 #endif
