@@ -34,6 +34,8 @@ pools of a 2048-token context (235 MB, bf16): 15-16 ms from memory, 9.6 ms when 
 On a 2-core Zen4 VM, with the pools read in whole rows and L2 prefetches (2026-12-02, the long-context
 bench, weights streaming at 30 GB/s): bf16 8.2 ms (29 GB/s), int8 6.3 ms (19 GB/s; halving its
 instructions did not make it faster from memory, see BENCHMARKS.md).
+The AVX2 item runners on a 2-core Zen3 VM (weights streaming at 16-17 GB/s), 28 layers at 2048
+tokens: bf16 24.9 ms (9.4 GB/s), int8 16.6 ms (7.3 GB/s); bound by their arithmetic there.
 """
 
 from __future__ import annotations
