@@ -116,7 +116,7 @@ class CpuBackend(Backend):
             count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx.linear if k.amx else None)
             self.num_kernel_linears = count
             if count:
-                more = "" if limits.gemv >= GEMV_ROWS_WITHOUT_DENSE_BF16 else \
+                more = "" if limits.gemv_takes_every_row else \
                     f", more rows: {'oneDNN packed' if extra else 'F.linear'}"
                 self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}){more}")
             for reason, names in _grouped(left).items():

@@ -47,6 +47,11 @@ class RowLimits:
         return cls(gemv=rows if gemv else 0, amx=amx if gemv else 0, quant_gemv=QUANT_GEMV_ROWS if quant else 0)
 
     @property
+    def gemv_takes_every_row(self) -> bool:
+        """Whether the bf16 GEMV takes every row count (CPUs whose dense bf16 matmul is slow)."""
+        return self.gemv >= GEMV_ROWS_WITHOUT_DENSE_BF16
+
+    @property
     def bf16_kernel_rows(self) -> int:
         """Rows a bf16 linear takes through swiftlm's kernels (GEMV, then AMX)."""
         return max(self.gemv, self.amx)
@@ -55,7 +60,7 @@ class RowLimits:
         """The bf16 kernels' rows in words, e.g. "bf16 GEMV 1 row, AMX 2-32 rows"."""
         parts = []
         if self.gemv:
-            rows = "every row count" if self.gemv >= GEMV_ROWS_WITHOUT_DENSE_BF16 else \
+            rows = "every row count" if self.gemv_takes_every_row else \
                 f"1-{self.gemv} rows" if self.gemv > 1 else "1 row"
             parts.append(f"bf16 GEMV {rows}")
         if self.amx:

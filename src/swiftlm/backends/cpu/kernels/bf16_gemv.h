@@ -45,20 +45,6 @@ inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, 
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t kk = 0; kk < k; kk += KB) {
-    if (pf != nullptr && *pf < pf_end) {
-      for (int c = 0; c < C; ++c) _mm_prefetch(*pf + 64 * c, PREFETCH_HINT);
-      *pf += 64 * C;
-    }
-    __m512bh wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * k + kk);
-    for (int r = 0; r < R; ++r) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + kk);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r * ldo + c] = swiftlm_cpu::bf16_bits(_mm512_reduce_add_ps(acc[r][c]));
 #else
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // a 16-value half of a 32-value step, widened: [0] the even values, [1] the odd ones
@@ -70,11 +56,20 @@ inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, 
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+#endif
   for (int64_t kk = 0; kk < k; kk += KB) {
     if (pf != nullptr && *pf < pf_end) {
       for (int c = 0; c < C; ++c) _mm_prefetch(*pf + 64 * c, PREFETCH_HINT);
       *pf += 64 * C;
     }
+#if defined(__AVX512BF16__)
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * k + kk);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + kk);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+#else
     for (int64_t half = 0; half < KB; half += 16) {
       __m256 wv[C][2];
       for (int c = 0; c < C; ++c) widen(w + c * k + kk + half, wv[c]);
@@ -84,14 +79,19 @@ inline void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t k, 
         for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv[1], wv[c][1], _mm256_fmadd_ps(xv[0], wv[c][0], acc[r][c]));
       }
     }
+#endif
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
+#if defined(__AVX512BF16__)
+      const float sum = _mm512_reduce_add_ps(acc[r][c]);
+#else
       const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]), _mm256_extractf128_ps(acc[r][c], 1));
       const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-      out[r * ldo + c] = swiftlm_cpu::bf16_bits(_mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))));
-    }
+      const float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 #endif
+      out[r * ldo + c] = swiftlm_cpu::bf16_bits(sum);
+    }
 }
 
 // Every activation row against one group: passes of MR rows; only the first pass prefetches.

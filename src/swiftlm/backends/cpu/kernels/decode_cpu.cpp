@@ -12,7 +12,7 @@
 //                    h = add_rms_norm_(residual, linear(a, W_o))
 //                    h = add_rms_norm_(residual, linear(silu_mul(linear(h, W_gate_up)), W_down))
 //
-// linear: bf16 weights, the AVX512-BF16 GEMV (bf16_gemv.h) up to gemv_rows rows and the AMX kernel
+// linear: bf16 weights, the GEMV (bf16_gemv.h: AVX512-BF16 or AVX2) up to gemv_rows rows and the AMX kernel
 // (amx_linear.h) above, up to amx_rows, as GemvLinear chooses; int8 / int4 weights, the quantised
 // GEMV ops (quant_cpu.cpp), as QuantLinear does up to its kernel_max_rows. The caller states both
 // limits; the op checks that a step fits them and that amx_rows fits the AMX kernel (kMaxRows).
@@ -82,7 +82,7 @@ const c10::TypedOperatorHandle<Int4GemvSig>& int4_gemv_op() {
 enum Kind : int64_t { kBf16 = 0, kInt8 = 1, kInt4 = 2 };
 
 // y [t, n] = x [t, k] . W^T, the kernel GemvLinear / QuantLinear (model/) picks for t rows:
-//   bf16: the AVX512-BF16 GEMV up to gemv_rows rows, else AMX (decode_layers checked t <= amx_rows),
+//   bf16: the GEMV up to gemv_rows rows, else AMX (decode_layers checked t <= amx_rows),
 //         written into `out`;
 //   int8 / int4: the quantised GEMV op (quant_cpu.cpp) on q = (qweight, scales[, mins]), a new tensor.
 struct Linear {

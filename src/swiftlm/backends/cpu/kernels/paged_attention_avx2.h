@@ -79,7 +79,6 @@ struct Rows8Quant {
   using Elem = uint8_t;
   static constexpr bool kScaled = true, kEvenOdd = false;
   static constexpr float kMul = F::kMul;
-  static inline __m256 widen8(const uint8_t* p) { return F::widen8(p); }
   static inline void widen16(const uint8_t* p, __m256* v) {
     v[0] = F::widen8(p);
     v[1] = F::widen8(p + 8);
