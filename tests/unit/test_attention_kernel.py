@@ -219,6 +219,23 @@ def test_int8_qk_on_amx_tiles_equals_vnni_dot_products(op, hq, hkv, d) -> None:
     assert torch.equal(out16, out8), f"max abs diff {(out16.float() - out8.float()).abs().max().item():.3g}"
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(16, 8, 128), (9, 3, 64), (18, 2, 48), (32, 4, 80), (8, 8, 16)])
+def test_bf16_scores_on_amx_tiles_round_only_once(op, hq, hkv, d) -> None:
+    """On CPUs with AMX, bf16 pools whose blocks hold a multiple of 16 tokens take q.k on AMX tiles
+    (tdpbf16ps); blocks of 8 take vdpbf16ps (or fp32 FMAs without AVX512-BF16). Both multiply the
+    bf16 values exactly and sum in fp32, so the same pools seen as blocks of 16 and as blocks of 8
+    must both land within half a bf16 ulp of the float64 oracle plus 1e-4. The shapes cover 64-dim
+    and 16-dim chunks (head_dim 48, 80, 16), two lane groups, and GQA groups over 8."""
+    q, k, v, tables, lens = make_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, seed=11)
+    ref = oracle(q, k, v, tables, lens, d**-0.5)
+    n = k.shape[0]
+    halves = torch.stack([2 * tables, 2 * tables + 1], dim=-1).flatten(1)  # block b of 16 -> 2b, 2b + 1 of 8
+    for name, out in [("blocks of 16", op(q, k, v, tables, lens, d**-0.5)),
+                      ("blocks of 8", op(q, k.view(2 * n, 8, hkv, d), v.view(2 * n, 8, hkv, d), halves, lens, d**-0.5))]:
+        excess = ((out.double() - ref).abs() - ref.abs() * 2.0**-8).max().item()
+        assert excess <= 1e-4, f"{name}: error beyond bf16 rounding {excess:.3g}: Hq={hq} Hkv={hkv} D={d}"
+
+
 @pytest.mark.parametrize(("hq", "hkv", "d", "block_size"), [(16, 8, 128, 16), (8, 1, 64, 16), (5, 1, 48, 8),
                                                            (12, 12, 16, 16), (14, 2, 112, 32), (32, 4, 80, 16),
                                                            (18, 2, 48, 16), (24, 24, 32, 16)])

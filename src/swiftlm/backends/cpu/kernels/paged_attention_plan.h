@@ -52,7 +52,7 @@ struct Problem {
   const float* ks;           // 8-bit pools: K and V scale pools [N, bs, Hkv] (contiguous), else null
   const float* vs;
   int64_t s_sn, s_st;        // scale pool strides: block, token in block (kv head: 1)
-  bool amx = false;          // int8 q.k on AMX tiles (run_item_i8): the CPU has them and the OS grants them
+  bool amx = false;          // bf16 q: q.k may run on AMX tiles (the CPU has them and the OS grants them)
 };
 
 // One unit of work: tokens [t0, t1) of request b, all heads. slot: where its partial result goes
