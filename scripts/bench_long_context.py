@@ -14,7 +14,10 @@ cache of ``max(contexts)`` tokens on huge pages, filled with random K/V through 
 * **weights**: the GB/s at which the same run streams the weights: streamed weight bytes / the
   step time at the shortest context, minus that step's attention time.
 
-Blocks are shuffled (as a long-lived server's are); a memory-bandwidth probe brackets each round.
+Blocks are shuffled by default (the worst case of a long-lived server); ``--block-order sequential``
+gives the request ascending block ids, as a fresh pool hands them out (the pool evicts a finished
+request's blocks together, in order, so runs of ids stay common). A memory-bandwidth probe brackets
+each round.
 Prints one markdown table and the ratios the long-context issue asks for; ``--json`` writes all.
 """
 
@@ -97,6 +100,8 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     ap.add_argument("--repeats", type=int, default=5, help="rounds; each takes the median of --steps")
     ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--block-order", choices=["shuffled", "sequential"], default="shuffled",
+                    help="the request's block ids: shuffled, or ascending as a fresh pool allocates them")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -105,7 +110,12 @@ def main() -> None:
     engine = llm.engine
     cfg = engine.model.config
     g = torch.Generator().manual_seed(0)
-    table = torch.randperm(max_ctx // 16 + 1, generator=g) + 1  # shuffled block ids, never the null block
+    # block ids, never the null block: shuffled (a long-lived server's worst case), or in the order a
+    # fresh pool hands them out (ascending; a request's blocks freed together are evicted together)
+    if args.block_order == "shuffled":
+        table = torch.randperm(max_ctx // 16 + 1, generator=g) + 1
+    else:
+        table = torch.arange(max_ctx // 16 + 1) + 1
     points: dict[tuple[int, str], Point] = {}
     for name in args.kv_cache_dtypes:
         cache = engine.backend.allocate_kv_cache(cfg, max_ctx // 16 + 2, 16, torch.bfloat16, kv_format(name))

@@ -29,7 +29,7 @@
 // accumulator holds the 16 even dims then the 16 odd dims; the permutation is undone when results
 // are written. On CPUs with AMX (and blocks of a multiple of 16 tokens) bf16 q.k runs on tiles
 // instead (Bf16ScoreTiles: 16 K rows of one block as A, a virtual head's q as B): the same exact
-// products, summed in another order; 1.02-1.06x per call at 512-2048 tokens on a Xeon VM.
+// products, summed in another order; 1.0-1.08x per call at 256-32768 tokens on a Xeon VM.
 //
 // Other 8-bit pools (the small KV cache, kv_quant.h; run_item): int8 or float8 values with a float32
 // scale per (token, head) in scale pools [N, bs, Hkv]. Steps go (tile, virtual head), reading one
@@ -624,14 +624,16 @@ struct Bf16ScoreTiles {
   template <int G>
   static Bf16ScoreTiles prepare(const Problem& P, const bf16* q_in, bf16* qb) {
     const int64_t d = P.d, nch = (d + 31) / 32;
+    uint32_t* qw = reinterpret_cast<uint32_t*>(qb);  // a pair of dims a word (d and q's rows are even)
     for (int64_t vh = 0; vh < P.hv; ++vh)
-      for (int64_t ch = 0; ch < nch; ++ch)
-        for (int r = 0; r < 16; ++r)
-          for (int g = 0; g < G; ++g)
-            for (int j = 0; j < 2; ++j) {
-              const int64_t dim = ch * 32 + 2 * r + j;
-              qb[(((vh * nch + ch) * 16 + r) * G + g) * 2 + j] = dim < d ? q_in[(vh * G + g) * P.q_sh + dim] : bf16(0);
-            }
+      for (int g = 0; g < G; ++g) {
+        const bf16* qh = q_in + (vh * G + g) * P.q_sh;
+        for (int64_t w = 0; w < nch * 16; ++w) {  // word w: dims 2w, 2w + 1 (chunk w / 16, row w % 16)
+          uint32_t pair = 0;
+          if (2 * w < d) std::memcpy(&pair, qh + 2 * w, sizeof(pair));
+          qw[(vh * nch * 16 + w) * G + g] = pair;
+        }
+      }
     const int rem = int(d % 32);
     swiftlm_amx::TileConfig cfg;
     cfg.rows[0] = 16, cfg.colsb[0] = G * 4;  // C: 16 tokens x G floats
