@@ -205,11 +205,10 @@ def test_eight_bit_pools_need_their_scales(op) -> None:
 
 
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(16, 8, 128), (9, 3, 64), (18, 2, 48), (32, 4, 80)])
-def test_int8_qk_on_amx_tiles_equals_vnni_dot_products(op, hq, hkv, d) -> None:
-    """On CPUs with AMX, int8 pools whose blocks hold a multiple of 16 tokens take q.k on AMX tiles
-    (16 rows of one block a tile); other block sizes take VNNI dot products. Both sum the same
-    integers, so the same pools seen as blocks of 16 and as blocks of 8 (a reshape: block b of 16 is
-    blocks 2b and 2b + 1 of 8) must give bit-identical outputs."""
+def test_int8_outputs_do_not_depend_on_the_block_size(op, hq, hkv, d) -> None:
+    """The int8 kernels sum integers (q.k) and tile partials in token order, whatever the blocks:
+    the same pools seen as blocks of 16 and as blocks of 8 (a reshape: block b of 16 is blocks 2b
+    and 2b + 1 of 8) must give bit-identical outputs."""
     q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, "int8", seed=3)
     out16 = op(q, kq, vq, tables, lens, d**-0.5, ks, vs)
     n = kq.shape[0]

@@ -47,10 +47,10 @@
 // q is rounded once per item to int16 against its head's max (|q| / 32767 steps, below bf16's own
 // 8-bit mantissa), and vpdpwssd sums int16 q times int8 K widened to int16, 32 products an
 // instruction. Up to 16 query heads go together, one zmm lane each: every K row (all their kv heads)
-// is read once in address order, and the online softmax runs lane-wise over heads. On CPUs with AMX
-// (and blocks of a multiple of 16 tokens) q.k runs on tiles instead: q's int16 as a signed high byte
-// and an unsigned low byte (two B tiles per 64 dims), 16 K rows of one block as A (tdpbssd, tdpbsud):
-// the same integer sums (a call in cache, 1 thread: 1.34x faster than with vpdpwssd). The softmax
+// is read once in address order, and the online softmax runs lane-wise over heads. (q.k on AMX tiles,
+// tdpbssd / tdpbsud on q's high and low bytes, summed the same integers; on a Xeon VM, in the engine,
+// vpdpwssd read the pools 1.03-1.15x faster at 32-8192 tokens, its prefetches spread through its
+// work where the tiles' came in bursts, so the tiles were dropped.) The softmax
 // weights of a tile, V scales folded in, are rounded to 16 bits against the tile's max and split into
 // two bytes; V rows of 4 tokens are byte-interleaved so that vpdpbusd multiplies each weight byte
 // (unsigned) with its token's values (signed) and sums the 4 tokens per dim, 64 products an
@@ -409,7 +409,7 @@ inline int64_t scratch_floats_i8(int64_t hv, int64_t group, int64_t d) {
   const int64_t groups = (hv + kLanes / group - 1) / (kLanes / group);
   const int64_t da = (d + 63) / 64 * 64, dq = (d + 31) / 32 * 32;
   return 3 * kLanes * groups + hv * group * da + kTile * kLanes + kTile / 2 * kLanes + 2 * kLanes + da +
-         groups * kLanes * dq / 2 + 2 * kSub * kLanes + hv * group * (da / 64) * 32;
+         groups * kLanes * dq / 2;
 }
 
 // One item. It walks steps (tile, virtual head) in that nesting; the scores of step st + 1 are
@@ -902,16 +902,11 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
   float* lanes = reinterpret_cast<float*>(lo + kTile / 4 * kLanes);  // alpha [kLanes], weight scales [kLanes]
   float* row = lanes + 2 * kLanes;                                   // [da]
   int16_t* q16 = reinterpret_cast<int16_t*>(row + da);               // [groups][kLanes][dq]
-  const int64_t nch = da / 64;                                       // 64-dim chunks of a row
-  int32_t* c_hi = reinterpret_cast<int32_t*>(q16 + groups * kLanes * dq);  // [kSub][kLanes] (AMX)
-  int32_t* c_lo = c_hi + kSub * kLanes;
-  int8_t* qb = reinterpret_cast<int8_t*>(c_lo + kSub * kLanes);      // [hv][nch][2][16][G * 4] (AMX)
   std::fill(m, m + groups * kLanes, -std::numeric_limits<float>::infinity());
   std::fill(l, l + groups * kLanes, 0.0f);
   std::fill(qs, qs + groups * kLanes, 0.0f);
   std::fill(acc, acc + nh * da, 0.0f);
   std::fill(q16, q16 + groups * kLanes * dq, int16_t(0));
-  std::fill(c_hi, c_hi + 2 * kSub * kLanes, 0);
 
   // every head's q rounded once to int16 against its max (|q| / 32767 steps), zeros past d
   const bf16* q_in = static_cast<const bf16*>(P.q) + it.b * P.q_sb;
@@ -934,33 +929,6 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
   const int64_t ntiles = (it.t1 - it.t0 + kTile - 1) / kTile;
   auto tile_len = [&](int64_t ti) { return int(std::min<int64_t>(kTile, it.t1 - it.t0 - ti * kTile)); };
   const int64_t n_kv = hv / P.ratio;
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-  const bool amx = P.amx && P.bs % kSub == 0;
-  const int rem = int(d % 64);  // dims of the last, short chunk (0: none)
-  auto qtile = [&](int64_t vh, int64_t ch, int part) { return qb + ((vh * nch + ch) * 2 + part) * 64 * G; };
-  if (amx) {  // q16 = 256 hi + lo as B tiles: row r, column g: 4 bytes of dims ch * 64 + 4r .. + 3
-    for (int64_t vh = 0; vh < hv; ++vh)
-      for (int64_t ch = 0; ch < nch; ++ch)
-        for (int r = 0; r < 16; ++r)
-          for (int g = 0; g < G; ++g)
-            for (int b = 0; b < 4; ++b) {
-              const int64_t h = vh * G + g, dim = ch * 64 + 4 * r + b;
-              const int q = dim < d ? q16[(h / NQ * kLanes + h % NQ) * dq + dim] : 0;
-              qtile(vh, ch, 0)[r * G * 4 + g * 4 + b] = int8_t(q >> 8);
-              qtile(vh, ch, 1)[r * G * 4 + g * 4 + b] = int8_t(q & 255);
-            }
-    swiftlm_amx::TileConfig cfg;
-    for (int t : {0, 1, 3, 4}) cfg.rows[t] = 16, cfg.colsb[t] = G * 4;  // C hi, C lo; B hi, B lo
-    cfg.rows[2] = 16, cfg.colsb[2] = 64;                                // A: 16 K rows x 64 dims
-    if (rem) {
-      cfg.rows[5] = 16, cfg.colsb[5] = uint16_t(rem);                   // the short chunk's A and Bs
-      for (int t : {6, 7}) cfg.rows[t] = uint8_t(rem / 4), cfg.colsb[t] = G * 4;
-    }
-    _tile_loadconfig(&cfg);
-  }
-#else
-  constexpr bool amx = false;
-#endif
   TileOffsets offs[2];  // tiles ti and ti + 1
   tile_offsets(P, table, it.t0, tile_len(0), offs[0]);
   prefetch_first_tile(P, offs[0], tile_len(0), 1);
@@ -994,46 +962,6 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
                              _mm512_set1_ps(I8Dot::kMul));
       };
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-      if (amx) {  // 16 tokens a pass: C [16 tokens][G lanes] of each virtual head, hi and lo parts
-        for (int s0 = 0; s0 < n; s0 += kSub) {
-          for (int v = 0; v < nv; ++v) {
-            const int64_t vh = vh0 + v;
-            const uint8_t* kb = kbase + o.k[s0] + (vh / P.ratio) * P.k_sh;  // rows s0 .. s0 + 15 of one block
-            // the next tile's rows of this head, K and V, into L2 (the VNNI branch does the same per
-            // token): without them the tiles waited on demand misses (Xeon VM, 28 layers: 1.42-1.50x)
-            for (int i = s0; i < std::min(n_next, s0 + kSub); ++i)
-              for (int64_t x = 0; x < d; x += 64) {
-                _mm_prefetch(reinterpret_cast<const char*>(kbase + on.k[i] + hoff[v] + x), kStreamHint);
-                _mm_prefetch(reinterpret_cast<const char*>(vbase + on.v[i] + voff[v] + x), kStreamHint);
-              }
-            _tile_zero(0);
-            _tile_zero(1);
-            for (int64_t ch = 0; ch < d / 64; ++ch) {
-              _tile_loadd(2, kb + ch * 64, P.k_st);
-              _tile_loadd(3, qtile(vh, ch, 0), G * 4);
-              _tile_loadd(4, qtile(vh, ch, 1), G * 4);
-              _tile_dpbssd(0, 2, 3);
-              _tile_dpbsud(1, 2, 4);
-            }
-            if (rem) {
-              _tile_loadd(5, kb + d / 64 * 64, P.k_st);
-              _tile_loadd(6, qtile(vh, d / 64, 0), G * 4);
-              _tile_loadd(7, qtile(vh, d / 64, 1), G * 4);
-              _tile_dpbssd(0, 5, 6);
-              _tile_dpbsud(1, 5, 7);
-            }
-            _tile_stored(0, c_hi + v * G, kLanes * 4);
-            _tile_stored(1, c_lo + v * G, kLanes * 4);
-          }
-          for (int i = s0; i < std::min(n, s0 + kSub); ++i) {
-            const __m512i q_k = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(c_hi + (i - s0) * kLanes), 8),
-                                                 _mm512_loadu_si512(c_lo + (i - s0) * kLanes));
-            _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(_mm512_cvtepi32_ps(q_k), _mm512_mul_ps(qscale, lane_scales(P.ks, i))));
-          }
-        }
-      } else
-#endif
       for (int i = 0; i < n; ++i) {  // scores: sc[i][lane] = q_lane . k_i * K scale * scale * log2(e)
         const uint8_t* krow = kbase + o.k[i];
         const uint8_t* knext = kbase + (i < n_next ? on.k[i] : o.k[i]);  // the next tile's rows i
@@ -1101,9 +1029,6 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
     }
   }
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-  if (amx) _tile_release();
-#endif
   write_item(P, it, nh, m, l, [](int64_t h) { return h / NQ * kLanes + h % NQ; },
              [&](int64_t h, float* dst, float mul) { unpermute_i8(acc + h * da, dst, d, mul); }, row, out, part);
 }
