@@ -772,15 +772,15 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
       if constexpr (std::is_same_v<T, bf16>)
         if (amx) {  // 16 tokens of one block a pass, a C tile of 16 x G scores per virtual head
           scored = true;
-        for (int s0 = 0; s0 < n; s0 += kSub) {
-          for (int v = 0; v < nv; ++v) {
-            for (int i = s0; i < std::min(n_next, s0 + kSub); ++i)  // the next tile's rows of this head
-              for (int64_t c = 0; c < d; c += 32) prefetch32(kbase + on.k[i] + koff[v] + c);
-            tiles.scores<G>(vh0 + v, kbase + o.k[s0] + koff[v], P.k_st, sc + s0 * kLanes + v * G);
+          for (int s0 = 0; s0 < n; s0 += kSub) {
+            for (int v = 0; v < nv; ++v) {
+              for (int i = s0; i < std::min(n_next, s0 + kSub); ++i)  // the next tile's rows of this head
+                for (int64_t c = 0; c < d; c += 32) prefetch32(kbase + on.k[i] + koff[v] + c);
+              tiles.scores<G>(vh0 + v, kbase + o.k[s0] + koff[v], P.k_st, sc + s0 * kLanes + v * G);
+            }
+            for (int i = s0; i < std::min(n, s0 + kSub); ++i)
+              _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(_mm512_loadu_ps(sc + i * kLanes), scale));
           }
-          for (int i = s0; i < std::min(n, s0 + kSub); ++i)
-            _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(_mm512_loadu_ps(sc + i * kLanes), scale));
-        }
         }
 #endif
       if (!scored)
