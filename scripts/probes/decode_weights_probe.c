@@ -1,0 +1,153 @@
+// How fast one bf16 decode step's GEMVs stream the Qwen3-0.6B weights, by weight layout: 28 layers of
+// qkv [4096, 1024], o [1024, 2048], gate_up [6144, 1024], down [1024, 3072], then lm_head
+// [151936, 1024], one activation row, each matrix split over the threads in contiguous row ranges
+// (one OpenMP region a matrix, as at::parallel_for), on 2 MiB huge pages. Layouts run interleaved,
+// 9 rounds, with a 1 GiB plain read at the start of each round; medians.
+//
+//   gcc -O3 -march=native -fopenmp scripts/probes/decode_weights_probe.c -o /tmp/dwp
+//   OMP_NUM_THREADS=2 OMP_PROC_BIND=close OMP_PLACES=cores /tmp/dwp
+//
+// layout "rows2": nn.Linear's row-major layout, 2 rows a group, a thread's range prefetched 32 KiB
+//   ahead into L2 in memory order, its first 32 KiB requested at once (bf16_gemv.h on CPUs without AMX)
+// layout "il8": groups of 8 rows interleaved 64 bytes at a time ([n / 8][k / 32][8][32]), so a
+//   thread reads one sequential stream; no software prefetch (the hardware's streamer)
+// layout "il8+burst": il8 with each thread's first 32 KiB requested at once
+// layout "il16": groups of 16 rows interleaved
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+
+enum { ROUNDS = 9, LAYERS = 28 };
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void* huge_pages(size_t bytes) {
+  const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
+  char* p = mmap(0, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  p = (char*)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+  madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
+typedef struct {
+  int64_t n, k;
+  const uint16_t* w;
+} Matrix;
+
+// out[i] = w[i, :] . x; C rows a group; packed: the group's rows interleaved 64 bytes at a time
+static void gemv(const Matrix* m, const uint16_t* x, float* out, int C, int packed, int prefetch, int burst) {
+  const int64_t n = m->n, k = m->k;
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t groups = n / C, g0 = groups * id / nt, g1 = groups * (id + 1) / nt;
+    const char* start = (const char*)(m->w + g0 * C * k);
+    const char* end = (const char*)(m->w + g1 * C * k);
+    const char* pf = start + 32768;
+    if (burst)
+      for (const char* p = start; p < start + 32768 && p < end; p += 64) _mm_prefetch(p, _MM_HINT_T1);
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint16_t* wg = m->w + g * C * k;
+      __m512 acc[16];
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+      for (int64_t kk = 0; kk < k; kk += 32) {
+        if (prefetch && pf < end) {
+          for (int c = 0; c < C; ++c) _mm_prefetch(pf + 64 * c, _MM_HINT_T1);
+          pf += 64 * C;
+        }
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + kk);
+        for (int c = 0; c < C; ++c) {
+          const uint16_t* src = packed ? wg + kk * C + 32 * c : wg + c * k + kk;
+          acc[c] = _mm512_dpbf16_ps(acc[c], xv, (__m512bh)_mm512_loadu_si512(src));
+        }
+      }
+      for (int c = 0; c < C; ++c) out[g * C + c] = _mm512_reduce_add_ps(acc[c]);
+    }
+  }
+}
+
+static float read_all(const float* a, size_t n) {
+  float r = 0;
+#pragma omp parallel reduction(+ : r)
+  {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n; i += 64) {
+      s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
+      s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
+      s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
+      s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
+    }
+    r += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  }
+  return r;
+}
+
+static int by_value(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+int main(void) {
+  const int64_t shapes[5][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
+  Matrix mats[LAYERS * 4 + 1];
+  int nm = 0;
+  size_t total = 0;
+  for (int l = 0; l <= LAYERS; ++l)
+    for (int s = 0; s < 4; ++s) {
+      const int i = l == LAYERS ? 4 : s;
+      if (l == LAYERS && s > 0) break;
+      Matrix m = {shapes[i][0], shapes[i][1], 0};
+      const size_t bytes = (size_t)m.n * m.k * 2;
+      uint16_t* w = huge_pages(bytes);
+      for (size_t j = 0; j < bytes / 2; ++j) w[j] = 0x3f80;
+      m.w = w;
+      mats[nm++] = m;
+      total += bytes;
+    }
+  uint16_t* x = huge_pages(3072 * 2);
+  for (int j = 0; j < 3072; ++j) x[j] = 0x3f80;
+  float* out = huge_pages(151936 * 4);
+  const size_t probe_floats = (size_t)1 << 28;
+  float* probe = huge_pages(probe_floats * 4);
+  for (size_t i = 0; i < probe_floats; ++i) probe[i] = 1.0f;
+
+  const char* names[] = {"rows2", "il8", "il8+burst", "il16"};
+  const int cs[] = {2, 8, 8, 16}, packed[] = {0, 1, 1, 1}, pfs[] = {1, 0, 0, 0}, bursts[] = {1, 0, 1, 0};
+  const int nl = 4;
+  double gbs[4][ROUNDS], probe_gbs[ROUNDS];
+  volatile float sink = 0;
+  for (int r = 0; r < ROUNDS; ++r) {
+    double t = now();
+    sink += read_all(probe, probe_floats);
+    probe_gbs[r] = probe_floats * 4.0 / (now() - t) / 1e9;
+    for (int j = 0; j < nl; ++j) {
+      const int L = (j + r) % nl;  // rotate the order
+      t = now();
+      for (int i = 0; i < nm; ++i) gemv(&mats[i], x, out, cs[L], packed[L], pfs[L], bursts[L]);
+      gbs[L][r] = total / (now() - t) / 1e9;
+      sink += out[0];
+    }
+  }
+  qsort(probe_gbs, ROUNDS, sizeof(double), by_value);
+  printf("weights %.2f GB; probe (1 GiB read): median %.1f GB/s (%.1f-%.1f)\n", total / 1e9, probe_gbs[ROUNDS / 2],
+         probe_gbs[0], probe_gbs[ROUNDS - 1]);
+  for (int L = 0; L < nl; ++L) {
+    qsort(gbs[L], ROUNDS, sizeof(double), by_value);
+    printf("%-10s median %5.1f GB/s (%.1f-%.1f): a step %.1f ms\n", names[L], gbs[L][ROUNDS / 2], gbs[L][0],
+           gbs[L][ROUNDS - 1], total / gbs[L][ROUNDS / 2] / 1e6);
+  }
+  return 0;
+}
