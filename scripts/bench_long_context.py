@@ -15,10 +15,11 @@ cache of ``max(contexts)`` tokens on huge pages, filled with random K/V through 
   step time at the shortest context, minus that step's attention time.
 
 Blocks are shuffled by default (the worst case of a long-lived server); ``--block-order sequential``
-gives the request ascending block ids, as a fresh pool hands them out (the pool evicts a finished
-request's blocks together, in order, so runs of ids stay common). ``--block-sizes 16 64`` compares
-KV caches of several block sizes in the same interleaved run. A memory-bandwidth probe brackets each
-round.
+gives the request ascending block ids, as a fresh pool hands them out, and ``descending`` descending
+ones (the pool frees a finished request's blocks tail first, so the next request would get its run of
+ids backwards if the pool handed them out in queue order). Several orders (``--block-order sequential
+shuffled``) or block sizes (``--block-sizes 16 64``) compare in the same interleaved run. A
+memory-bandwidth probe brackets each round.
 Prints one markdown table and the ratios the long-context issue asks for; ``--json`` writes all.
 """
 
@@ -40,6 +41,7 @@ from swiftlm.bench.engine_bench import streamed_weight_bytes
 from swiftlm.core.step import AttentionMetadata
 
 DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+ORDERS = ("shuffled", "sequential", "descending")
 
 
 def fill(cache, n_tokens: int, g: torch.Generator) -> None:
@@ -101,7 +103,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     ap.add_argument("--repeats", type=int, default=5, help="rounds; each takes the median of --steps")
     ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--block-order", choices=["shuffled", "sequential"], default="shuffled",
+    ap.add_argument("--block-order", nargs="+", choices=ORDERS, default=["shuffled"],
                     help="the request's block ids: shuffled, or ascending as a fresh pool allocates them")
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[16],
                     help="KV cache block sizes (tokens) to compare, each with its own caches")
@@ -115,23 +117,24 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     # block ids, never the null block: shuffled (a long-lived server's worst case), or in the order a
     # fresh pool hands them out (ascending; a request's blocks freed together are evicted together)
-    points: dict[tuple[int, str, int], Point] = {}
+    points: dict[tuple[int, str, tuple[int, str]], Point] = {}
+    combos = [(bs, order) for bs in args.block_sizes for order in args.block_order]
     for bs in args.block_sizes:
         n_blocks = -(-max_ctx // bs) + 2
-        if args.block_order == "shuffled":
-            table = torch.randperm(n_blocks - 1, generator=g) + 1
-        else:
-            table = torch.arange(n_blocks - 1) + 1
+        tables = {"shuffled": torch.randperm(n_blocks - 1, generator=g) + 1,
+                  "sequential": torch.arange(n_blocks - 1) + 1,
+                  "descending": torch.arange(n_blocks - 1, 0, -1)}
         for name in args.kv_cache_dtypes:
             cache = engine.backend.allocate_kv_cache(cfg, n_blocks, bs, torch.bfloat16, kv_format(name))
             fill(cache, n_blocks * bs, g)
             attention = engine.backend.attention(cache)
             for ctx in args.contexts:
-                points[(ctx, name, bs)] = Point(llm, cache, attention, ctx, table)
+                for order in args.block_order:
+                    points[(ctx, name, (bs, order))] = Point(llm, cache, attention, ctx, tables[order])
     weight_bytes = streamed_weight_bytes(engine)
     probe = BandwidthProbe()
     order = list(points)
-    samples: dict[tuple[int, str, int], dict[str, list[float]]] = {k: {"step": [], "attn": []} for k in order}
+    samples: dict[tuple[int, str, tuple[int, str]], dict[str, list[float]]] = {k: {"step": [], "attn": []} for k in order}
     bandwidth: list[float] = []
     for p in points.values():  # warm-up
         p.step_s()
@@ -149,25 +152,25 @@ def main() -> None:
     med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
     short = min(args.contexts)
     rows, out = [], []
-    many = len(args.block_sizes) > 1
-    lines = ["| kv cache |" + (" block |" if many else "") + " context | decode tok/s | step ms | attention ms (28 layers) "
+    many = len(combos) > 1
+    lines = ["| kv cache |" + (" blocks |" if many else "") + " context | decode tok/s | step ms | attention ms (28 layers) "
              "| K/V GB/s | of weights GB/s | vs context " + str(short) + " |",
              "|---|" + ("---:|" if many else "") + "---:|---:|---:|---:|---:|---:|---:|"]
-    for bs in args.block_sizes:
+    for bs, order in combos:
         for name in args.kv_cache_dtypes:
-            s0 = med[(short, name, bs)]
+            s0 = med[(short, name, (bs, order))]
             weights_gbs = weight_bytes / (s0["step"] - s0["attn"]) / 1e9
             for ctx in args.contexts:
-                m, p = med[(ctx, name, bs)], points[(ctx, name, bs)]
+                m, p = med[(ctx, name, (bs, order))], points[(ctx, name, (bs, order))]
                 kv_gbs = p.kv_bytes() / m["attn"] / 1e9
                 rel = s0["step"] / m["step"]
-                lines.append(f"| {name} |" + (f" {bs} |" if many else "") + f" {ctx} | {1 / m['step']:.1f} | "
+                lines.append(f"| {name} |" + (f" {bs}, {order} |" if many else "") + f" {ctx} | {1 / m['step']:.1f} | "
                              f"{m['step'] * 1e3:.1f} | {m['attn'] * 1e3:.2f} | {kv_gbs:.1f} | {kv_gbs / weights_gbs:.0%} | "
                              f"{rel:.0%} |")
-                out.append({"kv_cache_dtype": name, "block_size": bs, "context": ctx, "step_s": m["step"],
+                out.append({"kv_cache_dtype": name, "block_size": bs, "block_order": order, "context": ctx, "step_s": m["step"],
                             "attention_s": m["attn"], "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs,
                             "weights_gb_s": weights_gbs, "decode_tok_s": 1 / m["step"], "relative_to_short": rel})
-            rows.append(f"- {name}" + (f", blocks of {bs}" if many else "") +
+            rows.append(f"- {name}" + (f", blocks of {bs}, {order}" if many else "") +
                         f": weights stream at {weights_gbs:.1f} GB/s ({weight_bytes / 1e9:.2f} GB a step)")
     print("\n".join(lines))
     print("\n".join(rows))
