@@ -13,33 +13,11 @@
 //   thread reads one sequential stream; no software prefetch (the hardware's streamer)
 // layout "il8+burst": il8 with each thread's first 32 KiB requested at once
 // layout "il16": groups of 16 rows interleaved
-#include <immintrin.h>
 #include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <time.h>
+
+#include "probe_util.h"
 
 enum { ROUNDS = 9, LAYERS = 28 };
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void* huge_pages(size_t bytes) {
-  const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
-  char* p = mmap(0, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    exit(1);
-  }
-  p = (char*)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
-  madvise(p, size, MADV_HUGEPAGE);
-  return p;
-}
 
 typedef struct {
   int64_t n, k;
@@ -78,28 +56,6 @@ static void gemv(const Matrix* m, const uint16_t* x, float* out, int C, int pack
   }
 }
 
-static float read_all(const float* a, size_t n) {
-  float r = 0;
-#pragma omp parallel reduction(+ : r)
-  {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < n; i += 64) {
-      s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
-      s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
-      s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
-      s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
-    }
-    r += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-  }
-  return r;
-}
-
-static int by_value(const void* a, const void* b) {
-  const double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
 int main(void) {
   const int64_t shapes[5][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
   Matrix mats[LAYERS * 4 + 1];
@@ -111,17 +67,17 @@ int main(void) {
       if (l == LAYERS && s > 0) break;
       Matrix m = {shapes[i][0], shapes[i][1], 0};
       const size_t bytes = (size_t)m.n * m.k * 2;
-      uint16_t* w = huge_pages(bytes);
+      uint16_t* w = huge_pages(bytes, 0);
       for (size_t j = 0; j < bytes / 2; ++j) w[j] = 0x3f80;
       m.w = w;
       mats[nm++] = m;
       total += bytes;
     }
-  uint16_t* x = huge_pages(3072 * 2);
+  uint16_t* x = huge_pages(3072 * 2, 0);
   for (int j = 0; j < 3072; ++j) x[j] = 0x3f80;
-  float* out = huge_pages(151936 * 4);
+  float* out = huge_pages(151936 * 4, 0);
   const size_t probe_floats = (size_t)1 << 28;
-  float* probe = huge_pages(probe_floats * 4);
+  float* probe = huge_pages(probe_floats * 4, 0);
   for (size_t i = 0; i < probe_floats; ++i) probe[i] = 1.0f;
 
   const char* names[] = {"rows2", "il8", "il8+burst", "il16"};

@@ -19,13 +19,9 @@
 //   gcc -O2 -march=native -fopenmp -DWQK=18 -DWPV=10 scripts/probes/kv_pv_order_probe.c -o /tmp/pv_probe
 //   OMP_NUM_THREADS=2 OMP_PROC_BIND=close OMP_PLACES=cores /tmp/pv_probe 2048 0 0 28 1   # the kernel's scheme
 //   ... /tmp/pv_probe TOKENS LAYOUT PF LAYERS PV    (LAYERS 1 and 256 tokens: in cache)
-#include <immintrin.h>
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
+
+#include "probe_util.h"
 
 #ifndef WQK
 #define WQK 0
@@ -38,12 +34,6 @@
 #endif
 
 enum { ROW = 1024, BS = 16, TILE = 32, HEADS = 8, SEG = ROW / HEADS };
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 typedef struct {
   char* base;
@@ -91,18 +81,9 @@ int main(int argc, char** argv) {
   const size_t pool = (size_t)nb * BS * ROW * 2;
   char** mem = malloc(layers * sizeof(char*));
   for (int l = 0; l < layers; ++l) {
-    mem[l] = aligned_alloc(1 << 21, pool);
-    madvise(mem[l], pool, MADV_HUGEPAGE);
-    memset(mem[l], 1, pool);
+    mem[l] = huge_pages(pool, 1);
   }
-  int* order = malloc(nb * sizeof(int));
-  for (int i = 0; i < nb; ++i) order[i] = i;
-  srand(1);
-  for (int i = nb - 1; i > 0; --i) {
-    const int j = rand() % (i + 1), t = order[i];
-    order[i] = order[j];
-    order[j] = t;
-  }
+  const int* order = shuffled_order(nb);
   double best = 1e9;
   volatile float sink = 0;
   for (int rep = 0; rep < 9; ++rep) {

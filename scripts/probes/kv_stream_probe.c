@@ -9,13 +9,9 @@
 //
 // mode 0: loads only (hardware prefetchers); 1: loads and software prefetches; 2: prefetches only.
 // BLOCK_BYTES: one block's K (or V) rows, all heads: 32768 for bf16 Qwen3-0.6B, 16384 for 8-bit.
-#include <immintrin.h>
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
+
+#include "probe_util.h"
 
 #ifndef WORK
 #define WORK 0
@@ -23,12 +19,6 @@
 #ifndef BLOCK_BYTES
 #define BLOCK_BYTES 32768
 #endif
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -40,21 +30,10 @@ int main(int argc, char** argv) {
   char* k[28];
   char* v[28];
   for (int l = 0; l < layers; ++l) {
-    k[l] = aligned_alloc(1 << 21, pool);
-    v[l] = aligned_alloc(1 << 21, pool);
-    madvise(k[l], pool, MADV_HUGEPAGE);
-    madvise(v[l], pool, MADV_HUGEPAGE);
-    memset(k[l], 1, pool);
-    memset(v[l], 1, pool);
+    k[l] = huge_pages(pool, 1);
+    v[l] = huge_pages(pool, 1);
   }
-  int* order = malloc(nb * sizeof(int));
-  for (int i = 0; i < nb; ++i) order[i] = i;
-  srand(1);
-  for (int i = nb - 1; i > 0; --i) {
-    const int j = rand() % (i + 1), t = order[i];
-    order[i] = order[j];
-    order[j] = t;
-  }
+  const int* order = shuffled_order(nb);
   double best = 1e9;
   volatile float sink = 0;
   for (int rep = 0; rep < 7; ++rep) {

@@ -14,34 +14,15 @@
 //   PACKED  1: the C rows interleaved 64 bytes at a time, so a group reads as one sequential stream;
 //           0 (default): nn.Linear's row-major layout, C streams one row (2 KiB) apart.
 // "2,1,32768,1" is what bf16_gemv.h does on CPUs without AMX.
-#include <immintrin.h>
 #include <omp.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <time.h>
+
+#include "probe_util.h"
 
 enum { ROUNDS = 9, MAX_CONFIGS = 32 };
 
 typedef struct {
   int c, acc, pf, hint, packed;
 } Config;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void* huge_pages(size_t bytes) {
-  const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
-  char* p = mmap(0, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) { perror("mmap"); exit(1); }
-  p = (char*)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
-  madvise(p, size, MADV_HUGEPAGE);
-  return p;
-}
 
 static inline void prefetch(const char* p, int hint) {
   if (hint == 0) _mm_prefetch(p, _MM_HINT_T0);
@@ -87,35 +68,13 @@ static void gemv(const Config* cfg, const uint16_t* x, const uint16_t* w, int64_
   }
 }
 
-static float read_all(const float* a, size_t n) {  // n a multiple of 64
-  float r = 0;
-#pragma omp parallel reduction(+ : r)
-  {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < n; i += 64) {
-      s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
-      s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
-      s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
-      s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
-    }
-    r += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-  }
-  return r;
-}
-
-static int by_value(const void* a, const void* b) {
-  const double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
 int main(int argc, char** argv) {
   const int64_t k = 1024, n = 3072 * 40;
   const size_t bytes = (size_t)n * k * 2, probe_floats = (size_t)1 << 28;
-  uint16_t* w = huge_pages(bytes);
-  uint16_t* x = huge_pages(k * 2);
-  float* out = huge_pages(n * 4);
-  float* probe = huge_pages(probe_floats * 4);
+  uint16_t* w = huge_pages(bytes, 0);
+  uint16_t* x = huge_pages(k * 2, 0);
+  float* out = huge_pages(n * 4, 0);
+  float* probe = huge_pages(probe_floats * 4, 0);
   for (int64_t i = 0; i < n * k; ++i) w[i] = 0x3f80;  // bf16 1.0
   for (int64_t i = 0; i < k; ++i) x[i] = 0x3f80;
   for (size_t i = 0; i < probe_floats; ++i) probe[i] = 1.0f;

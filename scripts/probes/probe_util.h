@@ -1,0 +1,67 @@
+// Helpers shared by the memory probes in this folder (each probe is one C file built with
+// gcc -O2 -march=native -fopenmp; this header sits next to them).
+#pragma once
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static inline double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// bytes on 2 MiB transparent huge pages (madvise mode), filled with the byte `fill` (faulted in now)
+static inline void* huge_pages(size_t bytes, int fill) {
+  const size_t huge = (size_t)2 << 20, size = (bytes + huge - 1) / huge * huge;
+  char* p = mmap(0, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  p = (char*)(((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1));
+  madvise(p, size, MADV_HUGEPAGE);
+  memset(p, fill, bytes);
+  return p;
+}
+
+// 0 .. n - 1 in a fixed shuffled order (the same every run): a long-lived pool's block ids
+static inline int* shuffled_order(int n) {
+  int* order = malloc(n * sizeof(int));
+  for (int i = 0; i < n; ++i) order[i] = i;
+  srand(1);
+  for (int i = n - 1; i > 0; --i) {
+    const int j = rand() % (i + 1), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  return order;
+}
+
+// the sum of n floats (n a multiple of 64), read by every OpenMP thread: the plain read probe
+static inline float read_all(const float* a, size_t n) {
+  float r = 0;
+#pragma omp parallel reduction(+ : r)
+  {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n; i += 64) {
+      s0 = _mm512_add_ps(s0, _mm512_load_ps(a + i));
+      s1 = _mm512_add_ps(s1, _mm512_load_ps(a + i + 16));
+      s2 = _mm512_add_ps(s2, _mm512_load_ps(a + i + 32));
+      s3 = _mm512_add_ps(s3, _mm512_load_ps(a + i + 48));
+    }
+    r += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  }
+  return r;
+}
+
+static inline int by_value(const void* a, const void* b) {  // qsort of doubles
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
