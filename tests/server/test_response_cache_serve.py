@@ -161,6 +161,76 @@ def test_completions_hit_whole_and_streamed(server) -> None:
     assert "".join(c.choices[0].text for c in streamed.parse() if c.choices) == miss.parse().choices[0].text
 
 
+def respond(server, text: str, key: str = "sk-one", **fields):
+    """(x-swiftlm-cache header, the parsed response) of POST /v1/responses."""
+    raw = client(server, key).responses.with_raw_response.create(
+        model=server.model, input=text, max_output_tokens=20, **sdk_fields(fields))
+    return raw.headers.get("x-swiftlm-cache"), raw.parse()
+
+
+def respond_streamed(server, text: str, **fields):
+    """(header, the events' types, the output text deltas joined, the final response)."""
+    raw = client(server).responses.with_raw_response.create(
+        model=server.model, input=text, max_output_tokens=20, stream=True, **sdk_fields(fields))
+    events = list(raw.parse())
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    return raw.headers.get("x-swiftlm-cache"), [e.type for e in events], deltas, events[-1].response
+
+
+def output_of(response) -> list[tuple[str, str]]:
+    """Each output item's type and text (reasoning, message) or call."""
+    out = []
+    for item in response.output:
+        if item.type == "function_call":
+            out.append((item.type, f"{item.name}({item.arguments})"))
+        else:
+            out.append((item.type, "".join(part.text for part in item.content or [])))
+    return out
+
+
+def test_responses_hit_whole_and_streamed_and_stored(server) -> None:
+    status, miss = respond(server, "What does a response cache keep?", enable_thinking=True)
+    assert status == "miss" and miss.output_text == ANSWER
+    hits_before = metric(server, "swiftlm:response_cache_hits")
+    status, hit = respond(server, "What does a response cache keep?", enable_thinking=True, metadata={"run": "two"})
+    assert status == "hit" and hit.id != miss.id and hit.status == "completed"
+    assert output_of(hit) == output_of(miss) and any(kind == "reasoning" for kind, _ in output_of(hit))
+    assert hit.output_text.encode() == miss.output_text.encode()
+    assert hit.metadata == {"run": "two"}  # the response object is this request's, the answer the entry's
+    assert (hit.usage.input_tokens, hit.usage.output_tokens) == (miss.usage.input_tokens, miss.usage.output_tokens)
+    assert hit.usage.input_tokens_details.cached_tokens == hit.usage.input_tokens
+    assert metric(server, "swiftlm:response_cache_hits") == hits_before + 1
+    # stored like any response (store defaults to true): retrievable, and a chain can go on from it
+    assert output_of(client(server).responses.retrieve(hit.id)) == output_of(hit)
+    status, next_turn = respond(server, "And then?", previous_response_id=hit.id)
+    assert status == "bypass" and next_turn.output_text == ANSWER  # continuing a stored chain reaches its session
+    # the same request streamed: the events replayed from the entry
+    status, kinds, deltas, final = respond_streamed(server, "What does a response cache keep?", enable_thinking=True)
+    assert status == "hit" and deltas == ANSWER and final.output_text == ANSWER
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert output_of(final) == output_of(miss)
+    assert final.usage.input_tokens_details.cached_tokens == final.usage.input_tokens
+
+
+def test_responses_streamed_miss_then_whole_hit_and_opt_outs(server) -> None:
+    status, _, deltas, final = respond_streamed(server, "Stream it first.", enable_thinking=False)
+    assert status == "miss" and deltas == ANSWER
+    status, whole = respond(server, "Stream it first.", enable_thinking=False)
+    assert status == "hit" and output_of(whole) == output_of(final)
+    assert respond(server, "Stream it first.", enable_thinking=False, cache=False)[0] == "bypass"
+    assert respond(server, "Stream it first.", enable_thinking=False, key="sk-two")[0] == "miss"  # private to a key
+    # the key is the whole conversation: other instructions, or another output bound, miss
+    assert respond(server, "Stream it first.", enable_thinking=False, instructions="Be brief.")[0] == "miss"
+    raw = client(server).responses.with_raw_response.create(
+        model=server.model, input="Stream it first.", max_output_tokens=19, temperature=0,
+        extra_body={"enable_thinking": False})
+    assert raw.headers["x-swiftlm-cache"] == "miss"
+    sampled = client(server).responses.with_raw_response.create(
+        model=server.model, input="Stream it first.", max_output_tokens=20, temperature=1.0,
+        extra_body={"enable_thinking": False})
+    assert sampled.headers["x-swiftlm-cache"] == "bypass"
+
+
 def test_auto_thinking_decides_per_question_and_says_so(server) -> None:
     off = metric(server, 'swiftlm:thinking_auto_decisions_total{decision="off"')
     on = metric(server, 'swiftlm:thinking_auto_decisions_total{decision="on"')

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from swiftlm.sampling import SamplingParams
 from swiftlm.server.auth import Caller, request_caller
@@ -65,13 +66,20 @@ class CacheUse:
         return recorded(events, lambda chunks: self.keep(assemble(chunks), thinking), include_usage)
 
 
-def cache_use(state: ServerState, req: BaseSamplingRequest, raw: Request, route: str, params: SamplingParams) -> CacheUse:
+def cache_use(
+    state: ServerState, req: BaseSamplingRequest | BaseModel, raw: Request, route: str, params: SamplingParams,
+    key_body: BaseModel | None = None, continues_session: bool = False,
+) -> CacheUse:
+    """How ``req`` meets the cache. ``key_body``: what the key is made of when not ``req`` itself
+    (the Responses API keys the chat request it becomes: the whole conversation, not the previous
+    response's id); ``continues_session``: the request's turn must reach a session (bypass)."""
     cache = state.response_cache
     if cache is None:
         return CacheUse(None, None, None)
-    if bypasses_cache(req, raw.headers) or not is_deterministic(params):
+    if bypasses_cache(req, raw.headers) or continues_session or not is_deterministic(params):
         return CacheUse(cache, None, "bypass")
-    key = cache.key(route, state.response_model(req.model), request_caller(raw).scope, req)
+    key = cache.key(route, state.response_model(getattr(req, "model", None)), request_caller(raw).scope,
+                    req if key_body is None else key_body)
     return CacheUse(cache, key, "miss")
 
 

@@ -5,7 +5,8 @@ Off by default (``--response-cache memory|sqlite:PATH``). What it keeps and when
 - Only deterministic requests: greedy (temperature 0, after the checkpoint's defaults apply) or
   with a fixed ``seed``. A sampled request without a seed is never looked up nor stored.
 - Bypassed: ``"cache": false`` in the body, a ``Cache-Control: no-cache`` (or ``no-store``)
-  header, and any request with a ``session_id`` (a hit would skip the turn the session records).
+  header, and any request with a ``session_id`` (a hit would skip the turn the session records),
+  or on the Responses API a turn continuing a stored chain (``routes.responses``).
 - The key: a SHA-256 of the route, the served model name the response reports, the canonical
   request body (every field as validated, defaults filled in, keys sorted; without ``stream``,
   ``stream_options``, ``user``, ``request_id``, ``priority`` and the cache switches, which cannot

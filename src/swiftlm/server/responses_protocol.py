@@ -9,7 +9,7 @@ caching is always on), ``service_tier`` "auto"/"default", ``truncation`` "disabl
 false, ``include`` [], ``reasoning.summary`` (the thinking is returned whole as the reasoning item's
 ``content``; its ``summary`` stays empty), ``stream_options.include_obfuscation`` (events carry no
 obfuscation padding). Extensions, as on chat: ``enable_thinking``, ``chat_template_kwargs``,
-``top_k``, ``seed`` (top-level or nested in ``extra_body``).
+``top_k``, ``seed``, ``num_speculative_tokens``, ``cache`` (top-level or nested in ``extra_body``).
 
 What the server answers: ``swiftlm.server.responses_objects``.
 """
@@ -231,6 +231,7 @@ class ResponsesRequest(_Strict):
     top_k: _int(ge=-1) | None = None
     seed: _int(ge=-(2**63), le=2**64 - 1) | None = None
     num_speculative_tokens: _int(ge=0) | None = None  # as on chat: 0 off, k caps the draft (--speculative-config)
+    cache: StrictBool | None = None  # as on chat: false keeps this request out of the response cache
 
     @field_validator("input", mode="before")
     @classmethod

@@ -9,11 +9,18 @@ session (named by the chain's first response, scoped by the API key), so a turn 
 last one computes only its new tokens; when the session is gone (evicted, expired, a restart) the
 conversation is rendered fresh from the stored items. ``store: false`` keeps nothing and uses no
 session. Ids of responses that do not exist, have expired or belong to another key are a 404.
+
+With the response cache on (``--response-cache``), a deterministic response is answered from it like
+a chat completion (``swiftlm.server.cache_lookup``), keyed by the chat request it becomes (the whole
+conversation, instructions and tools included), whole or streamed, and stored as usual when
+``store`` is true; a turn that continues a stored chain (``previous_response_id`` with ``store``)
+bypasses the cache, since its turn must reach the chain's session.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any, Literal
 
@@ -22,6 +29,14 @@ from fastapi.responses import Response
 
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.server.auth import request_caller, session_scope
+from swiftlm.server.cache_lookup import cache_use, lookup
+from swiftlm.server.cached_answers import (
+    chat_answer_from_chunks,
+    chat_hit_events,
+    nothing_to_abort,
+    replayed,
+    whole_hit,
+)
 from swiftlm.server.errors import not_found, service_unavailable
 from swiftlm.server.openapi import error_responses, json_or_stream
 from swiftlm.server.protocol import UsageInfo, new_id
@@ -92,13 +107,32 @@ async def create_response(req: ResponsesRequest, raw: Request) -> Response:
         return final
 
     caller = request_caller(raw)
+    # the cache keys the chat request (the whole conversation); a turn that continues a stored
+    # chain bypasses it, since that turn must reach the chain's session
+    use = cache_use(state, req, raw, "responses", turn.request.sampling_params, key_body=chat,
+                    continues_session=bool(req.store and previous))
+    answer = lookup(use)
+    if answer is not None:  # a hit: the stored chat answer as this response, computing nothing
+        state.admit(caller, 0)
+        hit = dataclasses.replace(use, status="hit")
+        if req.stream:
+            start = response_object(req, response_id, model, created_at=created_at)
+            events = response_events(replayed(chat_hit_events(answer, response_id, True)), start, finish)
+            return hit.mark(EventStream(events, nothing_to_abort))
+        body = json.loads(whole_hit(answer, response_id))
+        choice, message = body["choices"][0], body["choices"][0]["message"]
+        final = finish(output_items(message.get("reasoning"), message.get("content"), message.get("tool_calls") or []),
+                       choice.get("finish_reason"), UsageInfo.model_validate(body.get("usage") or {}))
+        return hit.mark(Response(final.model_dump_json(by_alias=True), media_type="application/json"))
     state.admit(caller, len(turn.request.prompt_token_ids))
     stream = state.submit(turn.request, caller)
     if req.stream:
         engine = state.ready_engine()
         start = response_object(req, response_id, model, created_at=created_at)
-        events = response_events(stream_chat(state, chat, turn, stream, include_usage=True), start, finish)
-        return EventStream(events, lambda: engine.abort(response_id))
+        chunks = use.record(stream_chat(state, chat, turn, stream, include_usage=True), chat_answer_from_chunks, True,
+                            turn.thinking_label)
+        events = response_events(chunks, start, finish)
+        return use.mark(EventStream(events, lambda: engine.abort(response_id)))
     try:
         out: RequestOutput = await stream.final()
     except Exception as exc:
@@ -106,11 +140,12 @@ async def create_response(req: ResponsesRequest, raw: Request) -> Response:
     if out.error:
         raise output_error(out.error)
     answer = whole_answer(state, chat, turn, out)
+    use.keep(answer.model_dump(mode="json", exclude_none=True), turn.thinking_label)
     choice = answer.choices[0]
     message = choice.message
     calls = [call.model_dump(exclude_none=True) for call in message.tool_calls or []]
     final = finish(output_items(message.reasoning, message.content, calls), choice.finish_reason, answer.usage or UsageInfo())
-    return Response(final.model_dump_json(by_alias=True), media_type="application/json")
+    return use.mark(Response(final.model_dump_json(by_alias=True), media_type="application/json"))
 
 
 @router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=error_responses(404))
