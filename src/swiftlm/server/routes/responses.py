@@ -20,7 +20,6 @@ bypasses the cache, since its turn must reach the chain's session.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Any, Literal
 
@@ -33,9 +32,9 @@ from swiftlm.server.cache_lookup import cache_use, lookup
 from swiftlm.server.cached_answers import (
     chat_answer_from_chunks,
     chat_hit_events,
+    hit_usage,
     nothing_to_abort,
     replayed,
-    whole_hit,
 )
 from swiftlm.server.errors import not_found, service_unavailable
 from swiftlm.server.openapi import error_responses, json_or_stream
@@ -111,18 +110,18 @@ async def create_response(req: ResponsesRequest, raw: Request) -> Response:
     # chain bypasses it, since that turn must reach the chain's session
     use = cache_use(state, req, raw, "responses", turn.request.sampling_params, key_body=chat,
                     continues_session=bool(req.store and previous))
-    answer = lookup(use)
-    if answer is not None:  # a hit: the stored chat answer as this response, computing nothing
+    cached = lookup(use)
+    if cached is not None:  # a hit: the stored chat answer as this response, computing nothing
         state.admit(caller, 0)
         hit = dataclasses.replace(use, status="hit")
         if req.stream:
             start = response_object(req, response_id, model, created_at=created_at)
-            events = response_events(replayed(chat_hit_events(answer, response_id, True)), start, finish)
+            events = response_events(replayed(chat_hit_events(cached, response_id, True)), start, finish)
             return hit.mark(EventStream(events, nothing_to_abort))
-        body = json.loads(whole_hit(answer, response_id))
-        choice, message = body["choices"][0], body["choices"][0]["message"]
+        choice = cached["choices"][0]
+        message = choice["message"]
         final = finish(output_items(message.get("reasoning"), message.get("content"), message.get("tool_calls") or []),
-                       choice.get("finish_reason"), UsageInfo.model_validate(body.get("usage") or {}))
+                       choice.get("finish_reason"), UsageInfo.model_validate(hit_usage(cached.get("usage")) or {}))
         return hit.mark(Response(final.model_dump_json(by_alias=True), media_type="application/json"))
     state.admit(caller, len(turn.request.prompt_token_ids))
     stream = state.submit(turn.request, caller)
