@@ -7,7 +7,7 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -20,6 +20,9 @@ from swiftlm.server.protocol import BaseSamplingRequest
 from swiftlm.server.response_cache import CACHE_HEADER, ResponseCache, bypasses_cache, is_deterministic
 from swiftlm.server.state import ServerState
 from swiftlm.server.streaming import EventStream
+
+if TYPE_CHECKING:
+    from swiftlm.server.responses_protocol import ResponsesRequest
 
 # (stored answer, request id, include_usage) -> the stream's events: how a route replays a hit
 HitEvents = Callable[[dict[str, Any], str, bool], Iterator[str]]
@@ -67,7 +70,7 @@ class CacheUse:
 
 
 def cache_use(
-    state: ServerState, req: BaseSamplingRequest | BaseModel, raw: Request, route: str, params: SamplingParams,
+    state: ServerState, req: BaseSamplingRequest | ResponsesRequest, raw: Request, route: str, params: SamplingParams,
     key_body: BaseModel | None = None, continues_session: bool = False,
 ) -> CacheUse:
     """How ``req`` meets the cache. ``key_body``: what the key is made of when not ``req`` itself
@@ -78,7 +81,7 @@ def cache_use(
         return CacheUse(None, None, None)
     if bypasses_cache(req, raw.headers) or continues_session or not is_deterministic(params):
         return CacheUse(cache, None, "bypass")
-    key = cache.key(route, state.response_model(getattr(req, "model", None)), request_caller(raw).scope,
+    key = cache.key(route, state.response_model(req.model), request_caller(raw).scope,
                     req if key_body is None else key_body)
     return CacheUse(cache, key, "miss")
 
