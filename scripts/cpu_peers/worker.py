@@ -31,8 +31,10 @@ def swiftlm_engine(args: argparse.Namespace):
     extra = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}  # older trees lack the field
     if args.disable_kernels:  # the torch path for these kernels, and no oneDNN packing (older trees lack both)
         extra |= {"cpu_disable_kernels": tuple(args.disable_kernels.split(",")), "cpu_prepack": False}
+    # --reuse-prompt: a prompt sent again is served from the prefix cache (only its last partial block
+    # is computed again), so repeated decodes at one long context skip its prefill
     llm = LLM(args.model, dtype="bfloat16", quantization=args.quantization, kv_cache_memory=1 << 30,
-              enable_prefix_caching=False, max_model_len=4096, **extra)
+              enable_prefix_caching=args.reuse_prompt, max_model_len=4096, **extra)
 
     def run(prompt: list[int], decode: int) -> tuple[float, float]:
         params = SamplingParams(temperature=0.0, max_tokens=decode + 1, ignore_eos=True)
@@ -103,10 +105,19 @@ def llama_engine(args: argparse.Namespace):
     def last_logits():  # the context's output row (logits_all=False keeps only the last position)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
 
+    previous: list[list[int]] = [[]]
+
     def run(prompt: list[int], decode: int) -> tuple[float, float]:
-        llm.reset()
         t0 = time.perf_counter()
-        llm.eval(prompt)
+        if args.reuse_prompt and prompt == previous[0]:
+            # the same prompt again: back to its last token (eval drops the KV cache past n_tokens),
+            # which is computed again for its logits
+            llm.n_tokens = len(prompt) - 1
+            llm.eval(prompt[-1:])
+        else:
+            llm.reset()
+            llm.eval(prompt)
+            previous[0] = list(prompt)
         token = int(np.argmax(last_logits()))
         t1 = time.perf_counter()
         for _ in range(decode):
@@ -127,6 +138,9 @@ def main() -> None:
     parser.add_argument("--flash-attn", action="store_true")
     parser.add_argument("--no-extra-bufts", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reuse-prompt", action="store_true",
+                        help="serve a repeated prompt from the engine's cache (swiftlm: prefix caching on; llama: "
+                             "its context rewound to the prompt's end) instead of computing it again")
     args = parser.parse_args()
     t0 = time.perf_counter()
     run = {"swiftlm": swiftlm_engine, "hf": hf_engine, "llama": llama_engine}[args.engine](args)
