@@ -42,6 +42,26 @@ def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
     assert (y == F.linear(x, w)).float().mean() > 0.9
 
 
+@pytest.mark.parametrize(("n", "k"), [(37, 96), (131, 1024), (3, 3072)])
+def test_gemv_rows_do_not_depend_on_the_batch(gemv, n: int, k: int) -> None:
+    # one or two rows may take another reading order (whole weight rows, bf16_gemv.h) than larger
+    # calls; every output is still the same sum in the same order, so the same bits
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(7, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    # a row whose float32 sum depends on its order: 2^24, then 1 (lost beside 2^24), then -2^24 in
+    # the same lane of three 32-value steps gives 0 summed in order and 1 in any other grouping
+    x[:, [0, 32, 64]] = 1.0
+    w[0] = 0.0
+    w[0, [0, 32, 64]] = torch.tensor([2.0**24, 1.0, -(2.0**24)]).bfloat16()
+    together = gemv(x, w)
+    assert torch.all(together[:, 0] == 0)
+    for i in range(7):
+        assert torch.equal(gemv(x[i : i + 1].contiguous(), w)[0], together[i])
+    for i in range(0, 6, 2):
+        assert torch.equal(gemv(x[i : i + 2].contiguous(), w), together[i : i + 2])
+
+
 def test_gemv_rounds_half_to_even_and_keeps_special_values(gemv) -> None:
     k = 32
     x = torch.zeros(1, k, dtype=torch.bfloat16)

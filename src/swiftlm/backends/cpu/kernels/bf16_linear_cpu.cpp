@@ -13,7 +13,10 @@
 // Work split: output channels in groups of RN rows; at::parallel_for gives each thread one
 // contiguous range of groups, read as RN interleaved row streams, with software prefetches that
 // walk the range in memory order. Activation rows go over a group in passes of up to MR while the
-// group's RN * K weights stay in L1/L2, so the weights come from memory once for all rows.
+// group's RN * K weights stay in L1/L2, so the weights come from memory once for all rows. On
+// AVX512-BF16 CPUs without AMX, calls of 1 or 2 rows read every weight row whole instead, one after
+// the other, with no software prefetch (bf16_gemv.h: WHOLE_ROWS_UP_TO; batch-1 decode 1.29x on a
+// Zen4 VM), the sums in the same order.
 //
 // Meant for decode (a few rows). Measured on a 2-core AVX512-BF16/AMX Xeon VM, the 112 layer
 // linears of the Qwen3-0.6B shape with the weights on huge pages (model/weight_arena.py): 1 row
