@@ -20,7 +20,6 @@ rounds by probed bandwidth).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import workers  # noqa: E402
+from run import peer_arguments, workers  # noqa: E402
 
 from swiftlm.bench.bandwidth import BandwidthProbe  # noqa: E402
 
@@ -49,14 +48,10 @@ def per_round_ratios(records: list[dict], label: str, rounds: list[int]) -> list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--gguf-dir", required=True)
-    ap.add_argument("--llama-python", default="/work/peers-venv/bin/python")
+    ap = peer_arguments(__doc__)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--decode", type=int, default=16, help="tokens decoded per burst")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=list(DEFAULT_ENGINES),
                     help="engines (run.py's labels) whose label is one of these")
     ap.add_argument("--json", help="write every burst's record here")

@@ -154,15 +154,21 @@ def ratios(records: list[dict], prompts: list[int]) -> list[str]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def peer_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments every peer script takes: the checkpoint, its GGUFs, llama.cpp's Python, threads."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--gguf-dir", required=True)
     ap.add_argument("--llama-python", default="/work/peers-venv/bin/python")
+    ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def main() -> None:
+    ap = peer_arguments(__doc__)
     ap.add_argument("--prompts", default="32,512,2048")
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", help="run only engines whose label contains one of these")
     ap.add_argument("--output", default="bench-out/cpu-peers")
     args = ap.parse_args()
