@@ -5,7 +5,7 @@
 
 The old source (``git show COMMIT:...``, with the headers it includes) is built under another op
 namespace, so both kernels load in one process. Per KV dtype and context: pools of the Qwen3-0.6B
-shape (16 / 8 heads, head_dim 128) with shuffled blocks, as many layers as keep the pools far larger
+shape (16 / 8 heads, head_dim 128) with shuffled blocks (or ascending ones), as many layers as keep the pools far larger
 than the cache (``--layers`` to override; 1 keeps them in cache), one bf16 request. Each round times
 one call per layer with each kernel, alternating which goes first; prints medians, GB/s of K/V read,
 the speed ratio, the two outputs' max difference and a bandwidth probe.
@@ -47,7 +47,7 @@ def build_old(commit: str, workdir: Path):
     return torch.ops.swiftlm_attention_old.paged_decode_attention.default
 
 
-def pools_for(name: str, ctx: int, layers: int, g: torch.Generator):
+def pools_for(name: str, ctx: int, layers: int, g: torch.Generator, order: str = "shuffled"):
     n = ctx // BS + 2
     fmt = kv_format(name) if name != "bf16" else None
     out = []
@@ -59,7 +59,8 @@ def pools_for(name: str, ctx: int, layers: int, g: torch.Generator):
         else:
             (kq, ks), (vq, vs) = quantize_kv(k, fmt), quantize_kv(v, fmt)
             out.append((kq.view(n, BS, HKV, D), vq.view(n, BS, HKV, D), ks.view(n, BS, HKV), vs.view(n, BS, HKV)))
-    tables = (torch.randperm(n - 1, generator=g) + 1)[: ctx // BS].view(1, -1)
+    ids = torch.randperm(n - 1, generator=g) + 1 if order == "shuffled" else torch.arange(1, n)
+    tables = ids[: ctx // BS].view(1, -1)
     return out, tables
 
 
@@ -70,6 +71,8 @@ def main() -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--layers", type=int, default=0, help="pools per context (0: 28 at 2048, fewer beyond)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--block-order", choices=["shuffled", "sequential"], default="shuffled",
+                    help="the request's block ids: a long-lived pool's (shuffled) or a fresh one's (ascending)")
     args = ap.parse_args()
     new = load_paged_attention()
     if new is None:
@@ -83,7 +86,7 @@ def main() -> int:
     for name in args.kv:
         for ctx in args.contexts:
             layers = args.layers or max(2, min(28, 28 * 2048 // ctx))
-            pools, tables = pools_for(name, ctx, layers, g)
+            pools, tables = pools_for(name, ctx, layers, g, args.block_order)
             lens = torch.tensor([ctx])
             k0, v0, ks0, vs0 = pools[0]
             diff = (old(q, k0, v0, tables, lens, lens_scale, ks0, vs0).float()
