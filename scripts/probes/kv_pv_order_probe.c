@@ -23,12 +23,6 @@
 
 #include "probe_util.h"
 
-#ifndef WQK
-#define WQK 0
-#endif
-#ifndef WPV
-#define WPV 0
-#endif
 #ifndef SPLIT
 #define SPLIT 9
 #endif
@@ -65,12 +59,6 @@ static inline const char* v_seg(const Pools* p, int t, int h) {
 // line x (0 .. 15) of token t's V row: in layout 3, head x / 2's segment, half x % 2
 static inline const char* v_line(const Pools* p, int t, int x) { return v_seg(p, t, x / 2) + (x % 2) * 64; }
 
-#define WORK(r, n)                                                                  \
-  do {                                                                              \
-    acc = _mm512_add_ps(acc, r);                                                    \
-    _Pragma("GCC unroll 64") for (int w = 0; w < (n); ++w) a[w & 7] = _mm512_fmadd_ps(r, a[(w + 3) & 7], a[w & 7]); \
-  } while (0)
-
 int main(int argc, char** argv) {
   if (argc < 6) {
     fprintf(stderr, "usage: %s TOKENS LAYOUT PF LAYERS PV\n", argv[0]);
@@ -106,7 +94,7 @@ int main(int argc, char** argv) {
                 if (pf == 0 || (pf == 2 && i < SPLIT)) _mm_prefetch(v_line(&P, next + i, x), _MM_HINT_T1);
               }
               const __m512 r = _mm512_load_ps((const float*)(k + x * 64));
-              WORK(r, WQK);
+              STAND_IN_WORK(r, WQK);
             }
           }
           // the V lines P.V prefetches (PF 1: all 32 rows; PF 2: rows SPLIT ..), spread over its reads
@@ -125,7 +113,7 @@ int main(int argc, char** argv) {
               for (int x = 0; x < ROW / 64; ++x) {
                 PV_PREFETCH(x / 2);
                 const __m512 r = _mm512_load_ps((const float*)v_line(&P, t0_ + i, x));
-                WORK(r, WPV);
+                STAND_IN_WORK(r, WPV);
               }
           } else if (pv == 1) {
             for (int h = 0; h < HEADS; ++h)
@@ -134,7 +122,7 @@ int main(int argc, char** argv) {
                   for (int u = 0; u < 4; ++u) {
                     PV_PREFETCH(h);
                     const __m512 r = _mm512_load_ps((const float*)(v_seg(&P, t0_ + i + u, h) + c));
-                    WORK(r, WPV);
+                    STAND_IN_WORK(r, WPV);
                   }
           } else {
             for (int i = 0; i < TILE; i += 4)
@@ -142,7 +130,7 @@ int main(int argc, char** argv) {
                 for (int u = 0; u < 4; ++u) {
                   PV_PREFETCH(x / 2);
                   const __m512 r = _mm512_load_ps((const float*)v_line(&P, t0_ + i + u, x));
-                  WORK(r, WPV);
+                  STAND_IN_WORK(r, WPV);
                 }
           }
         }

@@ -24,23 +24,11 @@
 
 #include "probe_util.h"
 
-#ifndef WQK
-#define WQK 0
-#endif
-#ifndef WPV
-#define WPV 0
-#endif
 #ifndef KICK
 #define KICK 8
 #endif
 
 enum { ROW = 1024, BS = 16, TILE = 32, HEADS = 8, SEG = ROW / HEADS, LINES = ROW / 64, LAYERS = 28, MODES = 5 };
-
-#define WORK(r, n)                                                                                         \
-  do {                                                                                                     \
-    acc = _mm512_add_ps(acc, r);                                                                           \
-    _Pragma("GCC unroll 64") for (int w = 0; w < (n); ++w) a[w & 7] = _mm512_fmadd_ps(r, a[(w + 3) & 7], a[w & 7]); \
-  } while (0)
 
 typedef struct {
   const char* k;  // K pool
@@ -63,7 +51,7 @@ static float kernel_tiles(const Pools* P, int tok0, int tok1) {
           _mm_prefetch(P->v + row_off(P, next + i) + x * 64, _MM_HINT_T1);
         }
         const __m512 r = _mm512_load_ps((const float*)(k + x * 64));
-        WORK(r, WQK);
+        STAND_IN_WORK(r, WQK);
       }
     }
     for (int h = 0; h < HEADS; ++h)  // P.V per head, 4 rows at a time
@@ -71,7 +59,7 @@ static float kernel_tiles(const Pools* P, int tok0, int tok1) {
         for (int i = 0; i < TILE; i += 4)
           for (int u = 0; u < 4; ++u) {
             const __m512 r = _mm512_load_ps((const float*)(P->v + row_off(P, t0 + i + u) + h * SEG + c));
-            WORK(r, WPV);
+            STAND_IN_WORK(r, WPV);
           }
   }
   for (int i = 0; i < 8; ++i) acc = _mm512_add_ps(acc, a[i]);
@@ -90,7 +78,7 @@ static float kernel_tiles(const Pools* P, int tok0, int tok1) {
     for (int x = 0; x < LINES; ++x) {                                                   \
       if (pf == 2 && nxt) _mm_prefetch(nxt + ((t % BS) * LINES + x) * 64, _MM_HINT_T1); \
       const __m512 r = _mm512_load_ps((const float*)(row + x * 64));                    \
-      WORK(r, W);                                                                       \
+      STAND_IN_WORK(r, W);                                                                       \
     }                                                                                   \
   }
 
@@ -105,7 +93,7 @@ static float kernel_tiles(const Pools* P, int tok0, int tok1) {
           for (int u = 0; u < 4; ++u, ++pos) {                                                      \
             if (nx >= 0) _mm_prefetch(P->v + row_off(P, nx + pos / LINES) + (pos % LINES) * 64, _MM_HINT_T1); \
             const __m512 r = _mm512_load_ps((const float*)(P->v + row_off(P, s0 + i + u) + h * SEG + c)); \
-            WORK(r, WPV);                                                                           \
+            STAND_IN_WORK(r, WPV);                                                                           \
           }                                                                                         \
   }
 

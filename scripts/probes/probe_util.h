@@ -65,3 +65,17 @@ static inline int by_value(const void* a, const void* b) {  // qsort of doubles
   const double x = *(const double*)a, y = *(const double*)b;
   return (x > y) - (x < y);
 }
+
+// Stand-in work for the attention-kernel probes (STAND_IN_WORK): WQK / WPV FMAs per 64-byte line read in the q.k and
+// P.V phases (-DWQK=.. -DWPV=..), on accumulators `acc` and `a[8]` the caller declares.
+#ifndef WQK
+#define WQK 0
+#endif
+#ifndef WPV
+#define WPV 0
+#endif
+#define STAND_IN_WORK(r, n)                                                                                         \
+  do {                                                                                                     \
+    acc = _mm512_add_ps(acc, r);                                                                           \
+    _Pragma("GCC unroll 64") for (int w = 0; w < (n); ++w) a[w & 7] = _mm512_fmadd_ps(r, a[(w + 3) & 7], a[w & 7]); \
+  } while (0)
