@@ -14,6 +14,14 @@ cache of ``max(contexts)`` tokens on huge pages, filled with random K/V through 
 * **weights**: the GB/s at which the same run streams the weights: streamed weight bytes / the
   step time at the shortest context, minus that step's attention time.
 
+The ratios (K/V GB/s against the weights' GB/s, decode against decode at the shortest context) are
+taken within each round from measurements made back to back: a round takes each (dtype, blocks)
+group in turn (rotating), probes the bandwidth, then times its contexts' steps interleaved step by
+step, then their attention calls the same way. Memory bandwidth here can swing 1.6x from one minute to
+the next, so ratios of medians taken minutes apart can mix a fast minute with a slow one; the table's
+ratios are medians of the per-round ratios, also split into the rounds of slower and faster probed
+bandwidth (``--json`` keeps every round).
+
 Blocks are shuffled by default (the worst case of a long-lived server); ``--block-order sequential``
 gives the request ascending block ids, as a fresh pool hands them out, and ``descending`` descending
 ones (the pool frees a finished request's blocks tail first, so the next request would get its run of
@@ -133,50 +141,77 @@ def main() -> None:
                     points[(ctx, name, (bs, order))] = Point(llm, cache, attention, ctx, tables[order])
     weight_bytes = streamed_weight_bytes(engine)
     probe = BandwidthProbe()
-    order = list(points)
-    samples: dict[tuple[int, str, tuple[int, str]], dict[str, list[float]]] = {k: {"step": [], "attn": []} for k in order}
-    bandwidth: list[float] = []
+    short = min(args.contexts)
+    groups = [(name, combo) for combo in combos for name in args.kv_cache_dtypes]
     for p in points.values():  # warm-up
         p.step_s()
         p.attention_s()
+    rounds: list[dict] = []  # one per (round, group): its probe, its medians, its paired ratios
     for rep in range(args.repeats):
-        bandwidth.append(probe.measure())
-        rotated = order[rep % len(order):] + order[: rep % len(order)]
-        for key in rotated if rep % 2 == 0 else rotated[::-1]:
-            p = points[key]
-            samples[key]["step"].append(statistics.median(p.step_s() for _ in range(args.steps)))
-            samples[key]["attn"].append(statistics.median(p.attention_s() for _ in range(args.steps)))
-        bandwidth.append(probe.measure())
+        rotated = groups[rep % len(groups):] + groups[: rep % len(groups)]
+        for name, combo in rotated if rep % 2 == 0 else rotated[::-1]:
+            pts = [points[(ctx, name, combo)] for ctx in args.contexts]
+            gbs = probe.measure()
+            step: list[list[float]] = [[] for _ in pts]
+            attn: list[list[float]] = [[] for _ in pts]
+            for s in range(args.steps):  # contexts interleaved step by step, the order alternating
+                for i in range(len(pts)) if s % 2 == 0 else reversed(range(len(pts))):
+                    step[i].append(pts[i].step_s())
+            for s in range(args.steps):
+                for i in range(len(pts)) if s % 2 == 0 else reversed(range(len(pts))):
+                    attn[i].append(pts[i].attention_s())
+            st = [statistics.median(x) for x in step]
+            at = [statistics.median(x) for x in attn]
+            i0 = args.contexts.index(short)
+            weights_gbs = weight_bytes / (st[i0] - at[i0]) / 1e9
+            rounds.append({"round": rep, "kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1],
+                           "bandwidth_gb_s": gbs, "weights_gb_s": weights_gbs,
+                           "contexts": {ctx: {"step_s": st[i], "attention_s": at[i],
+                                              "kv_share": pts[i].kv_bytes() / at[i] / 1e9 / weights_gbs,
+                                              "relative_to_short": st[i0] / st[i]}
+                                        for i, ctx in enumerate(args.contexts)}})
         print(f"round {rep + 1}/{args.repeats} done", flush=True)
 
-    med = {k: {m: statistics.median(v) for m, v in s.items()} for k, s in samples.items()}
-    short = min(args.contexts)
-    rows, out = [], []
+    def halves(rs: list[dict]) -> tuple[list[dict], list[dict]]:
+        """The rounds of slower and of faster probed bandwidth (the middle one in both when odd)."""
+        ranked = sorted(rs, key=lambda r: r["bandwidth_gb_s"])
+        return ranked[: (len(ranked) + 1) // 2], ranked[len(ranked) // 2:]
+
+    def med(rs: list[dict], ctx: int, key: str) -> float:
+        return statistics.median(r["contexts"][ctx][key] for r in rs)
+
     many = len(combos) > 1
     lines = ["| kv cache |" + (" blocks |" if many else "") + " context | decode tok/s | step ms | attention ms (28 layers) "
-             "| K/V GB/s | of weights GB/s | vs context " + str(short) + " |",
+             f"| K/V GB/s | of weights GB/s: all (slower, faster rounds) | vs context {short}: all (slower, faster) |",
              "|---|" + ("---:|" if many else "") + "---:|---:|---:|---:|---:|---:|---:|"]
-    for bs, order in combos:
+    rows, out = [], []
+    for combo in combos:
         for name in args.kv_cache_dtypes:
-            s0 = med[(short, name, (bs, order))]
-            weights_gbs = weight_bytes / (s0["step"] - s0["attn"]) / 1e9
+            rs = [r for r in rounds if r["kv_cache_dtype"] == name and (r["block_size"], r["block_order"]) == combo]
+            slow, fast = halves(rs)
             for ctx in args.contexts:
-                m, p = med[(ctx, name, (bs, order))], points[(ctx, name, (bs, order))]
-                kv_gbs = p.kv_bytes() / m["attn"] / 1e9
-                rel = s0["step"] / m["step"]
-                lines.append(f"| {name} |" + (f" {bs}, {order} |" if many else "") + f" {ctx} | {1 / m['step']:.1f} | "
-                             f"{m['step'] * 1e3:.1f} | {m['attn'] * 1e3:.2f} | {kv_gbs:.1f} | {kv_gbs / weights_gbs:.0%} | "
-                             f"{rel:.0%} |")
-                out.append({"kv_cache_dtype": name, "block_size": bs, "block_order": order, "context": ctx, "step_s": m["step"],
-                            "attention_s": m["attn"], "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs,
-                            "weights_gb_s": weights_gbs, "decode_tok_s": 1 / m["step"], "relative_to_short": rel})
-            rows.append(f"- {name}" + (f", blocks of {bs}, {order}" if many else "") +
-                        f": weights stream at {weights_gbs:.1f} GB/s ({weight_bytes / 1e9:.2f} GB a step)")
+                p = points[(ctx, name, combo)]
+                step_s, attn_s = med(rs, ctx, "step_s"), med(rs, ctx, "attention_s")
+                kv_gbs = p.kv_bytes() / attn_s / 1e9
+                share = [med(x, ctx, "kv_share") for x in (rs, slow, fast)]
+                rel = [med(x, ctx, "relative_to_short") for x in (rs, slow, fast)]
+                lines.append(f"| {name} |" + (f" {combo[0]}, {combo[1]} |" if many else "") + f" {ctx} | {1 / step_s:.1f} | "
+                             f"{step_s * 1e3:.1f} | {attn_s * 1e3:.2f} | {kv_gbs:.1f} | "
+                             f"{share[0]:.0%} ({share[1]:.0%}, {share[2]:.0%}) | {rel[0]:.0%} ({rel[1]:.0%}, {rel[2]:.0%}) |")
+                out.append({"kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1], "context": ctx,
+                            "step_s": step_s, "attention_s": attn_s, "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs,
+                            "kv_share": share, "relative_to_short": rel, "decode_tok_s": 1 / step_s})
+            w = [statistics.median(r["weights_gb_s"] for r in x) for x in (rs, slow, fast)]
+            b = [statistics.median(r["bandwidth_gb_s"] for r in x) for x in (slow, fast)]
+            rows.append(f"- {name}" + (f", blocks of {combo[0]}, {combo[1]}" if many else "") +
+                        f": weights stream at {w[0]:.1f} GB/s ({w[1]:.1f} in the slower rounds, probe {b[0]:.1f}; "
+                        f"{w[2]:.1f} in the faster, probe {b[1]:.1f}; {weight_bytes / 1e9:.2f} GB a step)")
     print("\n".join(lines))
     print("\n".join(rows))
+    bandwidth = [r["bandwidth_gb_s"] for r in rounds]
     print(f"- bandwidth probe: {min(bandwidth):.1f}-{max(bandwidth):.1f} GB/s (median {statistics.median(bandwidth):.1f})")
     if args.json:
-        args.json.write_text(json.dumps({"points": out, "bandwidth_gb_s": bandwidth, "args": vars(args) | {"json": str(args.json)}},
+        args.json.write_text(json.dumps({"points": out, "rounds": rounds, "args": vars(args) | {"json": str(args.json)}},
                                         indent=1))
 
 

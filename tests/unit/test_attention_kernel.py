@@ -218,6 +218,37 @@ def test_int8_outputs_do_not_depend_on_the_block_size(op, hq, hkv, d) -> None:
     assert torch.equal(out16, out8), f"max abs diff {(out16.float() - out8.float()).abs().max().item():.3g}"
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "bf16"])
+@pytest.mark.parametrize(("d", "g"), [(128, 2), (64, 2), (64, 4), (128, 1)])
+def test_q_k_row_loop_equals_the_general_loop(op, kv_dtype, d, g) -> None:
+    """A lane group of 16 query heads whose kv heads are all present takes q.k in a loop specialised
+    for head_dim 64 and 128 (qk_row_i8 on int8 pools with AVX512-VNNI, qk_row_bf16 on bf16 pools with
+    AVX512-BF16 and no AMX tiles); a last, part-filled group takes the general loop. Both sum the
+    same products in the same order, so moving kv heads from the part-filled group into a full one
+    (rolling the heads: the pools, their scales and q alike) must give bit-identical outputs per
+    head. With 24 query heads and GQA group g, the first lane group holds 16 / g kv heads and the
+    second the rest."""
+    hq = 24
+    hkv = hq // g
+    full = 16 // g  # kv heads in the first (full) lane group
+    if kv_dtype == "int8":
+        q, k, v, ks, vs, tables, lens = quantised_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, "int8", seed=7)
+    else:
+        q, k, v, tables, lens = make_case(MIXED_LENS, hq, hkv, d, torch.bfloat16, seed=7)
+        ks = vs = None
+    kv = [(j + full) % hkv for j in range(hkv)]  # new kv head j holds old head kv[j]: the part-filled group's first
+    qh = [kv[h // g] * g + h % g for h in range(hq)]
+
+    def run(q, k, v, ks, vs):
+        scales = () if ks is None else (ks, vs)
+        return op(q, k, v, tables, lens, d**-0.5, *scales)
+
+    out = run(q, k, v, ks, vs)
+    rolled = run(q[:, qh].contiguous(), k[:, :, kv].contiguous(), v[:, :, kv].contiguous(),
+                 None if ks is None else ks[:, :, kv].contiguous(), None if vs is None else vs[:, :, kv].contiguous())
+    assert torch.equal(rolled, out[:, qh]), f"max abs diff {(rolled.float() - out[:, qh].float()).abs().max().item():.3g}"
+
+
 @pytest.mark.parametrize(("hq", "hkv", "d"), [(16, 8, 128), (9, 3, 64), (18, 2, 48), (32, 4, 80), (8, 8, 16)])
 def test_bf16_scores_on_amx_tiles_round_only_once(op, hq, hkv, d) -> None:
     """On CPUs with AMX, bf16 pools whose blocks hold a multiple of 16 tokens take q.k on AMX tiles
