@@ -222,7 +222,7 @@ def test_int8_outputs_do_not_depend_on_the_block_size(op, hq, hkv, d) -> None:
 @pytest.mark.parametrize(("d", "g"), [(128, 2), (64, 2), (64, 4), (128, 1)])
 def test_q_k_row_loop_equals_the_general_loop(op, kv_dtype, d, g) -> None:
     """A lane group of 16 query heads whose kv heads are all present takes q.k in a loop specialised
-    for head_dim 64 and 128 (qk_row_i8 on int8 pools with AVX512-VNNI, qk_row_bf16 on bf16 pools with
+    for head_dim 64 and 128 (qk_row: on int8 pools with AVX512-VNNI, and on bf16 pools with
     AVX512-BF16 and no AMX tiles); a last, part-filled group takes the general loop. Both sum the
     same products in the same order, so moving kv heads from the part-filled group into a full one
     (rolling the heads: the pools, their scales and q alike) must give bit-identical outputs per

@@ -61,7 +61,7 @@
 // read no faster than from memory on a Zen4 VM), and GCC 12 compiled the general q.k loops (per-head
 // offsets from tables, q at runtime strides) with the sums copied between registers and spilled, and
 // the addresses reloaded from the stack. Full lane groups with head_dim 64 or 128 take q.k rows
-// written for the compiler (qk_row_i8, qk_row_bf16: the same sums in the same order), and whole tiles
+// written for the compiler (qk_row: the same sums in the same order), and whole tiles
 // take a fully unrolled int8 P.V: 1.23x (bf16) and 1.33x (int8) from L3, 1.05-1.17x in the engine at
 // 2048 tokens.
 
@@ -131,6 +131,44 @@ inline __m512 hsum16(const __m512* a) {
 
 inline __m512i hsum16_epi32(const __m512i* a) {  // exact
   return hsum16_lanes(a, [](__m512i x, __m512i y) { return _mm512_add_epi32(x, y); });
+}
+
+// The q.k sums of one token's K row with every lane of a lane group, for groups whose virtual heads
+// are kv heads (GQA ratio 1), all present, with head_dim = 32 * ND: lane v * G + g = q_{v,g} . K_v,
+// summed over 32-dim chunks in order (Dot: I8RowDot, Bf16RowDot). K_v at krow + v * k_sh; q
+// chunk-major (qc + (j * kLanes + lane) * 32: fixed offsets from one pointer). Each 64 bytes of K
+// read prefetch the same line of the next tile's K row (kn) into L2, and with Dot::kPrefetchV of its
+// V row (vn, stride v_sh). Written so that the compiler keeps the 16 sums in registers and addresses
+// everything from three pointers: GCC 12 compiled the general loops (per-head offsets from a table,
+// q at runtime strides) to ~100 instructions a 32-dim chunk, with the sums copied between registers
+// and spilled, the addresses reloaded from the stack, and (bf16) every q chunk passed through it.
+template <typename Dot, int G, int ND>
+inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh, const typename Dot::S* kn,
+                   const typename Dot::S* vn, int64_t v_sh) {
+  constexpr int NKV = kLanes / G;
+  typename Dot::Acc a[kLanes];
+#pragma GCC unroll 16
+  for (int x = 0; x < kLanes; ++x) a[x] = Dot::zero();
+#pragma GCC unroll 16
+  for (int v = 0; v < NKV; ++v) {
+#pragma GCC unroll 8
+    for (int j = 0; j < ND; ++j) {
+      if ((j * Dot::kChunkBytes) % 64 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
+        if constexpr (Dot::kPrefetchV) _mm_prefetch(reinterpret_cast<const char*>(vn + 32 * j), kStreamHint);
+      }
+      const auto k = Dot::load(krow + 32 * j);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) a[v * G + g] = Dot::mac(a[v * G + g], k, qc + (j * kLanes + v * G + g) * 32);
+    }
+    krow += k_sh;
+    kn += k_sh;
+    if constexpr (Dot::kPrefetchV) vn += v_sh;
+    // keeps each head's prefetches among its reads: GCC hoisted all 16 ahead of the row, and
+    // prefetches in bursts streamed slower than spread ones (0.90-0.97x from memory)
+    __asm__ volatile("" ::: "memory");
+  }
+  return Dot::sum(a);
 }
 
 template <typename T>
@@ -393,44 +431,18 @@ inline void pv_i8(float* acc, int64_t da, const int32_t* hi, const int32_t* lo, 
   }
 }
 
-// The int32 q.k sums of one token's K row with every lane of a lane group, for groups whose virtual
-// heads are kv heads (GQA ratio 1) all present, and head_dim = 32 * ND: lane v * G + g = q_{v,g} . K_v.
-// K_v at krow + v * k_sh; q chunk-major (qc + (j * kLanes + lane) * 32: fixed offsets from one pointer).
-// The next tile's K and V rows of the same token (kn, vn; strides k_sh, v_sh) are prefetched into L2,
-// one line per 64 bytes of K read. Written so that the compiler keeps the 16 sums in registers and
-// addresses everything from three pointers: the general loop in run_item_i8 (per-head offsets from a
-// table, q at runtime strides) compiled to ~100 instructions a 32-dim chunk, with the sums copied
-// between registers and spilled, and the addresses reloaded from the stack.
-template <int G, int ND>
-inline __m512i qk_row_i8(const int16_t* qc, const uint8_t* krow, int64_t k_sh, const uint8_t* kn, const uint8_t* vn,
-                         int64_t v_sh) {
-  constexpr int NKV = kLanes / G;
-  __m512i a[kLanes];
-#pragma GCC unroll 16
-  for (int x = 0; x < kLanes; ++x) a[x] = _mm512_setzero_si512();
-#pragma GCC unroll 16
-  for (int v = 0; v < NKV; ++v) {
-#pragma GCC unroll 8
-    for (int j = 0; j < ND; j += 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
-      _mm_prefetch(reinterpret_cast<const char*>(vn + 32 * j), kStreamHint);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < ND; ++j) {
-      const __m512i k = widen_i16<false>(krow + 32 * j);
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g)
-        a[v * G + g] = _mm512_dpwssd_epi32(a[v * G + g], k, _mm512_loadu_si512(qc + (j * kLanes + v * G + g) * 32));
-    }
-    krow += k_sh;
-    kn += k_sh;
-    vn += v_sh;
-    // keeps each head's prefetches among its reads: the compiler would hoist all 16 ahead of the
-    // row, and prefetches in bursts streamed slower than spread ones
-    __asm__ volatile("" ::: "memory");
-  }
-  return hsum16_epi32(a);
-}
+// qk_row's arithmetic on int8 pools (bf16 q rounded to int16, AVX512-VNNI): exact int32 sums.
+struct I8RowDot {
+  using S = uint8_t;  // pool elements
+  using Q = int16_t;  // q elements
+  using Acc = __m512i;
+  static constexpr int kChunkBytes = 32;  // K bytes of 32 dims
+  static constexpr bool kPrefetchV = true;  // the next tile's V rows ride on q.k's reads (run_item_i8)
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static __m512i load(const S* k) { return widen_i16<false>(k); }
+  static Acc mac(Acc a, __m512i k, const Q* q) { return _mm512_dpwssd_epi32(a, k, _mm512_loadu_si512(q)); }
+  static __m512i sum(const Acc* a) { return hsum16_epi32(a); }
+};
 #else
 constexpr bool kHaveVnni = false;
 #endif
@@ -662,34 +674,18 @@ struct RowOps<float> {
 };
 
 #ifdef __AVX512BF16__
-// bf16 q.k of one token's K row with every lane of a lane group whose virtual heads are kv heads (GQA
-// ratio 1), all present, head_dim = 32 * ND: lane v * G + g = q_{v,g} . K_v, summed as the general
-// loop sums them (vdpbf16ps, chunks in order). K_v at krow + v * k_sh; q chunk-major (qc + (j * kLanes +
-// lane) * 32). Each 64 bytes of K read prefetch the same line of the next tile's row (kn) into L2.
-// As qk_row_i8 (see there), written so that the sums stay in registers and the addresses come from
-// three pointers; the general loop also passed each q chunk through the stack.
-template <int G, int ND>
-inline __m512 qk_row_bf16(const bf16* qc, const bf16* krow, int64_t k_sh, const bf16* kn) {
-  constexpr int NKV = kLanes / G;
-  __m512 a[kLanes];
-#pragma GCC unroll 16
-  for (int x = 0; x < kLanes; ++x) a[x] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int v = 0; v < NKV; ++v) {
-#pragma GCC unroll 8
-    for (int j = 0; j < ND; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
-      const __m512bh k = (__m512bh)_mm512_loadu_si512(krow + 32 * j);
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g)
-        a[v * G + g] = _mm512_dpbf16_ps(a[v * G + g], (__m512bh)_mm512_loadu_si512(qc + (j * kLanes + v * G + g) * 32), k);
-    }
-    krow += k_sh;
-    kn += k_sh;
-    __asm__ volatile("" ::: "memory");  // each head's prefetches among its reads (qk_row_i8)
-  }
-  return hsum16(a);
-}
+// qk_row's arithmetic on bf16 pools: vdpbf16ps, fp32 sums, chunks in order as the general loop sums them.
+struct Bf16RowDot {
+  using S = bf16;
+  using Q = bf16;
+  using Acc = __m512;
+  static constexpr int kChunkBytes = 64;
+  static constexpr bool kPrefetchV = false;  // P.V prefetches the next tile's V rows (run_item_rows)
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static __m512bh load(const S* k) { return (__m512bh)_mm512_loadu_si512(k); }
+  static Acc mac(Acc a, __m512bh k, const Q* q) { return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q), k); }
+  static __m512 sum(const Acc* a) { return hsum16(a); }
+};
 #endif
 
 // P.V of one virtual head's G query heads over a tile's n tokens, dims [c0, c0 + 16 DC) (c0 a multiple of
@@ -830,7 +826,7 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
 #else
   constexpr bool amx = false;
 #endif
-  // qk_row_bf16 for full groups where its layout holds (ND = row_nd chunks of 32 dims): each group's q chunk-major,
+  // qk_row for full groups where its layout holds (ND = row_nd chunks of 32 dims): each group's q chunk-major,
   // [groups][ND][kLanes][32], in the scratch past row (AMX's q takes it otherwise)
   int row_nd = 0;
   bf16* qc = nullptr;
@@ -891,7 +887,8 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
           for (int i = 0; i < n; ++i) {
             const bf16* krow = kbase + o.k[i] + koff[0];
             const bf16* knext = kbase + (i < n_next ? on.k[i] : o.k[i]) + koff[0];
-            const __m512 dots = row_nd == 4 ? qk_row_bf16<G, 4>(qg, krow, P.k_sh, knext) : qk_row_bf16<G, 2>(qg, krow, P.k_sh, knext);
+            const __m512 dots = row_nd == 4 ? qk_row<Bf16RowDot, G, 4>(qg, krow, P.k_sh, knext, nullptr, 0)
+                                                 : qk_row<Bf16RowDot, G, 2>(qg, krow, P.k_sh, knext, nullptr, 0);
             _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, scale));
           }
         }
@@ -1069,7 +1066,7 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
       const __m512i kv_idx = _mm512_load_si512(lane_kv);
       const __mmask16 kv_mask = swiftlm_cpu::first_lanes(n_kv - kv0);
       const __m512 qscale = _mm512_loadu_ps(qs + grp * kLanes);
-      // qk_row_i8 (ND = row_path chunks of 32 dims) where its layout holds, else the general loop
+      // qk_row (ND = row_path chunks of 32 dims) where its layout holds, else the general loop
       const int row_path = P.ratio == 1 && nv == NKV && (d == 64 || d == 128) ? int(d / 32) : 0;
       // a token's K or V scales, one per lane: its scale row from kv0 on, each head's to its lanes
       auto lane_scales = [&](const float* pool, int i) {
@@ -1099,9 +1096,9 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
         };
         __m512i sums;
         if (row_path == 4) {
-          sums = qk_row_i8<G, 4>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
+          sums = qk_row<I8RowDot, G, 4>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
         } else if (row_path == 2) {
-          sums = qk_row_i8<G, 2>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
+          sums = qk_row<I8RowDot, G, 2>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
         } else {
           int64_t c = 0;
           for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
