@@ -142,6 +142,7 @@ def main() -> None:
     weight_bytes = streamed_weight_bytes(engine)
     probe = BandwidthProbe()
     short = min(args.contexts)
+    i0 = args.contexts.index(short)
     groups = [(name, combo) for combo in combos for name in args.kv_cache_dtypes]
     for p in points.values():  # warm-up
         p.step_s()
@@ -162,7 +163,6 @@ def main() -> None:
                     attn[i].append(pts[i].attention_s())
             st = [statistics.median(x) for x in step]
             at = [statistics.median(x) for x in attn]
-            i0 = args.contexts.index(short)
             weights_gbs = weight_bytes / (st[i0] - at[i0]) / 1e9
             rounds.append({"round": rep, "kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1],
                            "bandwidth_gb_s": gbs, "weights_gb_s": weights_gbs,

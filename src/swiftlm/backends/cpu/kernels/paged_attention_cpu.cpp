@@ -171,6 +171,19 @@ inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64
   return Dot::sum(a);
 }
 
+// qk_row's chunks of 32 dims for a lane group (0: the general loop): groups whose virtual heads are
+// kv heads (GQA ratio 1), all present (full), with head_dim 64 or 128.
+inline int qk_row_chunks(const Problem& P, bool full) {
+  return P.ratio == 1 && full && (P.d == 64 || P.d == 128) ? int(P.d / 32) : 0;
+}
+
+// qk_row for nd = qk_row_chunks(..) > 0 chunks.
+template <typename Dot, int G>
+inline auto qk_row_nd(int nd, const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh,
+                      const typename Dot::S* kn, const typename Dot::S* vn, int64_t v_sh) {
+  return nd == 4 ? qk_row<Dot, G, 4>(qc, krow, k_sh, kn, vn, v_sh) : qk_row<Dot, G, 2>(qc, krow, k_sh, kn, vn, v_sh);
+}
+
 template <typename T>
 struct Ops;
 
@@ -826,14 +839,14 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
 #else
   constexpr bool amx = false;
 #endif
-  // qk_row for full groups where its layout holds (ND = row_nd chunks of 32 dims): each group's q chunk-major,
+  // qk_row for full groups where its layout holds (row_nd chunks of 32 dims): each group's q chunk-major,
   // [groups][ND][kLanes][32], in the scratch past row (AMX's q takes it otherwise)
   int row_nd = 0;
   bf16* qc = nullptr;
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<T, bf16>)
-    if (!amx && P.ratio == 1 && (d == 64 || d == 128)) {
-      row_nd = int(d / 32);
+    if (!amx && qk_row_chunks(P, true) > 0) {
+      row_nd = qk_row_chunks(P, true);
       qc = reinterpret_cast<bf16*>(row + d);
       for (int64_t grp = 0; grp < groups; ++grp)
         for (int j = 0; j < row_nd; ++j)
@@ -887,8 +900,7 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
           for (int i = 0; i < n; ++i) {
             const bf16* krow = kbase + o.k[i] + koff[0];
             const bf16* knext = kbase + (i < n_next ? on.k[i] : o.k[i]) + koff[0];
-            const __m512 dots = row_nd == 4 ? qk_row<Bf16RowDot, G, 4>(qg, krow, P.k_sh, knext, nullptr, 0)
-                                                 : qk_row<Bf16RowDot, G, 2>(qg, krow, P.k_sh, knext, nullptr, 0);
+            const __m512 dots = qk_row_nd<Bf16RowDot, G>(row_nd, qg, krow, P.k_sh, knext, nullptr, 0);
             _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, scale));
           }
         }
@@ -1066,8 +1078,7 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
       const __m512i kv_idx = _mm512_load_si512(lane_kv);
       const __mmask16 kv_mask = swiftlm_cpu::first_lanes(n_kv - kv0);
       const __m512 qscale = _mm512_loadu_ps(qs + grp * kLanes);
-      // qk_row (ND = row_path chunks of 32 dims) where its layout holds, else the general loop
-      const int row_path = P.ratio == 1 && nv == NKV && (d == 64 || d == 128) ? int(d / 32) : 0;
+      const int row_nd = qk_row_chunks(P, nv == NKV);  // qk_row's chunks, or 0: the general loop
       // a token's K or V scales, one per lane: its scale row from kv0 on, each head's to its lanes
       auto lane_scales = [&](const float* pool, int i) {
         return _mm512_mul_ps(_mm512_permutexvar_ps(kv_idx, _mm512_maskz_loadu_ps(kv_mask, pool + o.s[i] + kv0)),
@@ -1095,10 +1106,8 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
           }
         };
         __m512i sums;
-        if (row_path == 4) {
-          sums = qk_row<I8RowDot, G, 4>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
-        } else if (row_path == 2) {
-          sums = qk_row<I8RowDot, G, 2>(qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
+        if (row_nd > 0) {
+          sums = qk_row_nd<I8RowDot, G>(row_nd, qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
         } else {
           int64_t c = 0;
           for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
