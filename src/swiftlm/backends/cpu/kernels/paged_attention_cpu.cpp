@@ -137,14 +137,12 @@ inline __m512i hsum16_epi32(const __m512i* a) {  // exact
 // are kv heads (GQA ratio 1), all present, with head_dim = 32 * ND: lane v * G + g = q_{v,g} . K_v,
 // summed over 32-dim chunks in order (Dot: I8RowDot, Bf16RowDot). K_v at krow + v * k_sh; q
 // chunk-major (qc + (j * kLanes + lane) * 32: fixed offsets from one pointer). Each 64 bytes of K
-// read prefetch the same line of the next tile's K row (kn) into L2, and with Dot::kPrefetchV of its
-// V row (vn, stride v_sh). Written so that the compiler keeps the 16 sums in registers and addresses
+// read prefetch the same line of the next tile's K row (kn) into L2 (its V rows come with P.V). Written so that the compiler keeps the 16 sums in registers and addresses
 // everything from three pointers: GCC 12 compiled the general loops (per-head offsets from a table,
 // q at runtime strides) to ~100 instructions a 32-dim chunk, with the sums copied between registers
 // and spilled, the addresses reloaded from the stack, and (bf16) every q chunk passed through it.
 template <typename Dot, int G, int ND>
-inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh, const typename Dot::S* kn,
-                   const typename Dot::S* vn, int64_t v_sh) {
+inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh, const typename Dot::S* kn) {
   constexpr int NKV = kLanes / G;
   typename Dot::Acc a[kLanes];
 #pragma GCC unroll 16
@@ -153,17 +151,13 @@ inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64
   for (int v = 0; v < NKV; ++v) {
 #pragma GCC unroll 8
     for (int j = 0; j < ND; ++j) {
-      if ((j * Dot::kChunkBytes) % 64 == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
-        if constexpr (Dot::kPrefetchV) _mm_prefetch(reinterpret_cast<const char*>(vn + 32 * j), kStreamHint);
-      }
+      if ((j * Dot::kChunkBytes) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
       const auto k = Dot::load(krow + 32 * j);
 #pragma GCC unroll 8
       for (int g = 0; g < G; ++g) a[v * G + g] = Dot::mac(a[v * G + g], k, qc + (j * kLanes + v * G + g) * 32);
     }
     krow += k_sh;
     kn += k_sh;
-    if constexpr (Dot::kPrefetchV) vn += v_sh;
     // keeps each head's prefetches among its reads: GCC hoisted all 16 ahead of the row, and
     // prefetches in bursts streamed slower than spread ones (0.90-0.97x from memory)
     __asm__ volatile("" ::: "memory");
@@ -180,8 +174,8 @@ inline int qk_row_chunks(const Problem& P, bool full) {
 // qk_row for nd = qk_row_chunks(..) > 0 chunks.
 template <typename Dot, int G>
 inline auto qk_row_nd(int nd, const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh,
-                      const typename Dot::S* kn, const typename Dot::S* vn, int64_t v_sh) {
-  return nd == 4 ? qk_row<Dot, G, 4>(qc, krow, k_sh, kn, vn, v_sh) : qk_row<Dot, G, 2>(qc, krow, k_sh, kn, vn, v_sh);
+                      const typename Dot::S* kn) {
+  return nd == 4 ? qk_row<Dot, G, 4>(qc, krow, k_sh, kn) : qk_row<Dot, G, 2>(qc, krow, k_sh, kn);
 }
 
 template <typename T>
@@ -402,14 +396,15 @@ inline void interleave4(__m512i a, __m512i b, __m512i c, __m512i e, __m512i* x) 
 // alpha[g] * acc[g] + sp[g] * sum_i (256 hi(g, i) + lo(g, i)) * V_i over tokens [0, n4) (n4 a multiple
 // of 4; weights past the tile's tokens are 0), the integer sums in registers. hi(g, i .. i + 3),
 // lo(..): the weight bytes of 4 tokens, one int32 word at hi + g + i / 4 * kLanes (lo alike). base:
-// the kv head's V rows; V_i at base + off[i]. The rows are in cache by now (run_item_i8 prefetched
-// them with the tile's K rows), so reading them per head costs no DRAM throughput.
+// the kv head's V rows; V_i at base + off[i], in cache by now (prefetched during the previous tile's
+// P.V). off_next (or null): the next tile's rows of the head, prefetched into L2 over the same dims,
+// one line per line read.
 // kN4 > 0: n4 is kN4 (a whole tile), and the token loop unrolls fully: as a loop, GCC 12 kept the 16
 // sums in other registers than the ones it adds into, with two register copies per vpdpbusd and two
 // sums spilled to the stack.
 template <int GP, int kN4 = 0>
 inline void pv_i8(float* acc, int64_t da, const int32_t* hi, const int32_t* lo, const float* sp, const float* alpha,
-                  const uint8_t* base, const int64_t* off, int n4, int64_t d) {
+                  const uint8_t* base, const int64_t* off, int n4, int64_t d, const int64_t* off_next = nullptr) {
   if constexpr (kN4 > 0) n4 = kN4;
   for (int64_t c = 0; c < d; c += 64) {
     const __mmask64 m = d - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (d - c)) - 1;
@@ -420,6 +415,9 @@ inline void pv_i8(float* acc, int64_t da, const int32_t* hi, const int32_t* lo, 
       for (int j = 0; j < 4; ++j) sh[g][j] = sl[g][j] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int i = 0; i < n4; i += 4) {
+      if (off_next != nullptr)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(base + off_next[i + r] + c), kStreamHint);
       __m512i x[4];
       interleave4(_mm512_maskz_loadu_epi8(m, base + off[i] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 1] + c),
                   _mm512_maskz_loadu_epi8(m, base + off[i + 2] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 3] + c), x);
@@ -450,7 +448,6 @@ struct I8RowDot {
   using Q = int16_t;  // q elements
   using Acc = __m512i;
   static constexpr int kChunkBytes = 32;  // K bytes of 32 dims
-  static constexpr bool kPrefetchV = true;  // the next tile's V rows ride on q.k's reads (run_item_i8)
   static Acc zero() { return _mm512_setzero_si512(); }
   static __m512i load(const S* k) { return widen_i16<false>(k); }
   static Acc mac(Acc a, __m512i k, const Q* q) { return _mm512_dpwssd_epi32(a, k, _mm512_loadu_si512(q)); }
@@ -693,7 +690,6 @@ struct Bf16RowDot {
   using Q = bf16;
   using Acc = __m512;
   static constexpr int kChunkBytes = 64;
-  static constexpr bool kPrefetchV = false;  // P.V prefetches the next tile's V rows (run_item_rows)
   static Acc zero() { return _mm512_setzero_ps(); }
   static __m512bh load(const S* k) { return (__m512bh)_mm512_loadu_si512(k); }
   static Acc mac(Acc a, __m512bh k, const Q* q) { return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q), k); }
@@ -900,7 +896,7 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
           for (int i = 0; i < n; ++i) {
             const bf16* krow = kbase + o.k[i] + koff[0];
             const bf16* knext = kbase + (i < n_next ? on.k[i] : o.k[i]) + koff[0];
-            const __m512 dots = qk_row_nd<Bf16RowDot, G>(row_nd, qg, krow, P.k_sh, knext, nullptr, 0);
+            const __m512 dots = qk_row_nd<Bf16RowDot, G>(row_nd, qg, krow, P.k_sh, knext);
             _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, scale));
           }
         }
@@ -1002,11 +998,13 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
 // all of the group's heads, from its K row read in address order (vpdpwssd into one int32 sum per
 // lane, one hsum16 per token); the online softmax lane-wise over heads (no reductions across lanes);
 // the weights rounded to 16 bits of each head's tile max and packed, 4 tokens a word; then P.V per
-// kv head (pv_i8). As each K row is read, the next tile's K and V rows of the same token are
-// prefetched into L2, one line per line read and in address order, so the next tile streams from
-// memory while this one is worked on from cache (on a Zen4 VM, 28 layers at 2048 tokens: 2.0x over
-// per-head bursts of L1 prefetches issued during P.V; V prefetched during P.V instead, per head or
-// in address order: 0.88-0.96x; two tiles ahead: 0.93-0.97x).
+// kv head (pv_i8). Each pool's next tile streams into L2 while this one is worked on from cache, one
+// line per line read: as each K row is read, the same lines of the next tile's K row (in address
+// order); as each kv head's V rows are read, the same head's V rows of the next tile. On a Zen4 VM,
+// 28 layers at 2048 tokens: 2.0x over per-head bursts of L1 prefetches issued during P.V; two tiles
+// ahead: 0.93-0.97x. Both pools' prefetches issued during q.k (as an earlier version did) read them
+// 0.86-0.96x as fast from memory: a probe of two pools read in turns (scripts/probes/kv_prefetch_phase.c)
+// streamed at 0.58-0.79x of each pool prefetched in its own phase, one thread.
 template <int G>
 void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* part) {
   constexpr int NKV = kLanes / G;  // virtual heads per lane group
@@ -1088,7 +1086,6 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
       for (int i = 0; i < n; ++i) {  // scores: sc[i][lane] = q_lane . k_i * K scale * scale * log2(e)
         const uint8_t* krow = kbase + o.k[i];
         const uint8_t* knext = kbase + (i < n_next ? on.k[i] : o.k[i]);  // the next tile's rows i
-        const uint8_t* vnext = vbase + (i < n_next ? on.v[i] : o.v[i]);
         __m512i a[kLanes];
 #pragma GCC unroll 16
         for (int x = 0; x < kLanes; ++x) a[x] = _mm512_setzero_si512();
@@ -1097,7 +1094,6 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
           for (int v = 0; v < NKV; ++v) {
             if (c % 64 == 0) {
               _mm_prefetch(reinterpret_cast<const char*>(knext + hoff[v] + c), kStreamHint);
-              _mm_prefetch(reinterpret_cast<const char*>(vnext + voff[v] + c), kStreamHint);
             }
             const __m512i k = widen_i16<decltype(tail)::value>(krow + hoff[v] + c);
 #pragma GCC unroll 8
@@ -1107,7 +1103,7 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
         };
         __m512i sums;
         if (row_nd > 0) {
-          sums = qk_row_nd<I8RowDot, G>(row_nd, qg, krow + hoff[0], P.k_sh, knext + hoff[0], vnext + voff[0], P.v_sh);
+          sums = qk_row_nd<I8RowDot, G>(row_nd, qg, krow + hoff[0], P.k_sh, knext + hoff[0]);
         } else {
           int64_t c = 0;
           for (; c + 32 <= d; c += 32) chunk(c, std::false_type{});
@@ -1150,12 +1146,14 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
           const int lane = v * G + g0;
           float* a = acc + ((vh0 + v) * G + g0) * da;
           const uint8_t* vb = vbase + voff[v];
+          // the next tile's rows of this head, once a head (the first pass of its query heads)
+          const int64_t* pf = g0 == 0 && n_next > 0 ? on.v : nullptr;
           if (G - g0 >= 2 && n4 == kTile)
-            pv_i8<2, kTile>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d);
+            pv_i8<2, kTile>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d, pf);
           else if (G - g0 >= 2)
-            pv_i8<2>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d);
+            pv_i8<2>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d, pf);
           else
-            pv_i8<1>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d);
+            pv_i8<1>(a, da, hi + lane, lo + lane, lanes + kLanes + lane, lanes + lane, vb, o.v, n4, d, pf);
         }
     }
   }
