@@ -1,7 +1,8 @@
 // When to prefetch two pools read in turns: a K tile, then a V tile (TILE bytes each, contiguous, as
 // ascending blocks are), WORK FMAs per 64-byte line read standing in for the kernel's work. Modes:
 // the hardware prefetchers only; the next tile of both pools prefetched into L2 during the K phase
-// (one line of each per line read); each pool's next tile prefetched during its own phase; K only.
+// (one line of each per line read); each pool's next tile prefetched during its own phase; K only;
+// V only.
 // Prints the median GB/s of 7 interleaved rounds per mode.
 //
 //   gcc -O2 -march=native -fopenmp -DWORK=8 scripts/probes/kv_prefetch_phase.c -o /tmp/kv_prefetch_phase
@@ -31,6 +32,7 @@ static float pass(const char* K, const char* V, size_t bytes, int mode) {
           if (mode == 1 && ph == 0) { _mm_prefetch(pk + x, _MM_HINT_T1); _mm_prefetch(pv + x, _MM_HINT_T1); }
           if (mode == 2) _mm_prefetch((ph ? pv : pk) + x, _MM_HINT_T1);
           if (mode == 3 && ph == 0) _mm_prefetch(pk + x, _MM_HINT_T1);  /* K only */
+          if (mode == 4 && ph == 1) _mm_prefetch(pv + x, _MM_HINT_T1);  /* V only */
           const __m512 rr = _mm512_load_ps((const float*)(p + x));
           acc = _mm512_add_ps(acc, rr);
 #pragma GCC unroll 64
@@ -46,9 +48,9 @@ int main(void) {
   const size_t bytes = (size_t)128 << 20;
   char* K = huge_pages(bytes, 1);
   char* V = huge_pages(bytes, 1);
-  const char* names[] = {"HW only", "SW: K+V in K phase", "SW: each in its phase", "SW: K only"};
-  const int nm = 4, rounds = 7;
-  double t[4][7];
+  const char* names[] = {"HW only", "SW: K+V in K phase", "SW: each in its phase", "SW: K only", "SW: V only"};
+  const int nm = 5, rounds = 7;
+  double t[5][7];
   volatile float sink = 0;
   for (int r = 0; r < rounds; ++r)
     for (int m = 0; m < nm; ++m) {
