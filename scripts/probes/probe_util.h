@@ -79,3 +79,22 @@ static inline int by_value(const void* a, const void* b) {  // qsort of doubles
     acc = _mm512_add_ps(acc, r);                                                                           \
     _Pragma("GCC unroll 64") for (int w = 0; w < (n); ++w) a[w & 7] = _mm512_fmadd_ps(r, a[(w + 3) & 7], a[w & 7]); \
   } while (0)
+
+// Interleaved rounds (at most 16) of nm access modes: pass(mode, ctx) reads `bytes` once (its result is
+// kept live). Prints each mode's median GB/s (and best) after `prefix`.
+typedef float (*probe_pass)(int mode, void* ctx);
+static inline void time_modes(probe_pass pass, void* ctx, const char* const* names, int nm, int rounds, double bytes,
+                              const char* prefix) {
+  double t[32][16];
+  volatile float sink = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (int m = 0; m < nm; ++m) {
+      const double t0 = now();
+      sink += pass(m, ctx);
+      t[m][r] = now() - t0;
+    }
+  for (int m = 0; m < nm; ++m) {
+    qsort(t[m], rounds, sizeof(double), by_value);
+    printf("%s%-24s median %.1f GB/s (best %.1f)\n", prefix, names[m], bytes / t[m][rounds / 2] / 1e9, bytes / t[m][0] / 1e9);
+  }
+}

@@ -8,7 +8,9 @@
 //   OMP_NUM_THREADS=1 /tmp/stream_prefetch_modes    # and 2 threads (OMP_PROC_BIND=close OMP_PLACES=cores)
 #include <omp.h>
 #include "probe_util.h"
-#define BLK 32768
+#ifndef BLK
+#define BLK 32768 /* -DBLK=131072 etc.: other block sizes (the buffer stays 256 MB) */
+#endif
 static float pass(const char* buf, const int* order, int nb, int mode, int dist) {
   float r = 0;
 #pragma omp parallel reduction(+ : r)
@@ -33,28 +35,24 @@ static float pass(const char* buf, const int* order, int nb, int mode, int dist)
   }
   return r;
 }
-int main(int argc, char** argv) {
-  const int nb = 8192;  /* 256 MB */
-  char* buf = huge_pages((size_t)nb * BLK, 1);
+struct stream {
+  const char* buf;
+  const int* ords[10];
+  int nb;
+};
+static float run(int m, void* ctx) {
+  static const int modes[] = {0, 1, 0, 1, 2, 3, 4, 5, 1, 1}, dists[] = {2, 2, 2, 2, 2, 2, 2, 2, 1, 4};
+  const struct stream* s = ctx;
+  return pass(s->buf, s->ords[m], s->nb, modes[m], dists[m]);
+}
+int main(void) {
+  const int nb = (int)(((size_t)256 << 20) / BLK);
   int* seq = malloc(nb * sizeof(int));
   for (int i = 0; i < nb; ++i) seq[i] = i;
   const int* shuf = shuffled_order(nb);
-  const char* names[] = {"seq none", "seq T1+2", "shuf none", "shuf T1+2", "shuf T0+2", "shuf NTA+2", "shuf T1 half", "shuf T1 1KB", "shuf T1+1", "shuf T1+4"};
-  const int* ords[] = {seq, seq, shuf, shuf, shuf, shuf, shuf, shuf, shuf, shuf};
-  int modes[] = {0, 1, 0, 1, 2, 3, 4, 5, 1, 1};
-  int dists[] = {2, 2, 2, 2, 2, 2, 2, 2, 1, 4};
-  const int nm = 10, rounds = 7;
-  double t[10][7];
-  volatile float sink = 0;
-  for (int r = 0; r < rounds; ++r)
-    for (int m = 0; m < nm; ++m) {
-      const double t0 = now();
-      sink += pass(buf, ords[m], nb, modes[m], dists[m]);
-      t[m][r] = now() - t0;
-    }
-  for (int m = 0; m < nm; ++m) {
-    qsort(t[m], rounds, sizeof(double), by_value);
-    printf("%-14s median %.1f GB/s  (best %.1f)\n", names[m], (double)nb * BLK / t[m][rounds / 2] / 1e9, (double)nb * BLK / t[m][0] / 1e9);
-  }
+  struct stream s = {huge_pages((size_t)nb * BLK, 1), {seq, seq, shuf, shuf, shuf, shuf, shuf, shuf, shuf, shuf}, nb};
+  const char* names[] = {"seq none", "seq T1+2", "shuf none", "shuf T1+2", "shuf T0+2", "shuf NTA+2", "shuf T1 half",
+                         "shuf T1 1KB", "shuf T1+1", "shuf T1+4"};
+  time_modes(run, &s, names, 10, 7, (double)nb * BLK, "");
   return 0;
 }
