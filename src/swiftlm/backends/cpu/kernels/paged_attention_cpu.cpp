@@ -137,10 +137,11 @@ inline __m512i hsum16_epi32(const __m512i* a) {  // exact
 // are kv heads (GQA ratio 1), all present, with head_dim = 32 * ND: lane v * G + g = q_{v,g} . K_v,
 // summed over 32-dim chunks in order (Dot: I8RowDot, Bf16RowDot). K_v at krow + v * k_sh; q
 // chunk-major (qc + (j * kLanes + lane) * 32: fixed offsets from one pointer). Each 64 bytes of K
-// read prefetch the same line of the next tile's K row (kn) into L2 (its V rows come with P.V). Written so that the compiler keeps the 16 sums in registers and addresses
-// everything from three pointers: GCC 12 compiled the general loops (per-head offsets from a table,
-// q at runtime strides) to ~100 instructions a 32-dim chunk, with the sums copied between registers
-// and spilled, the addresses reloaded from the stack, and (bf16) every q chunk passed through it.
+// read prefetch the same line of the next tile's K row (kn) into L2 (its V rows come with P.V).
+// Written so that the compiler keeps the 16 sums in registers and addresses everything from three
+// pointers: GCC 12 compiled the general loops (per-head offsets from a table, q at runtime strides)
+// to ~100 instructions a 32-dim chunk, with the sums copied between registers and spilled, the
+// addresses reloaded from the stack, and (bf16) every q chunk passed through it.
 template <typename Dot, int G, int ND>
 inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh, const typename Dot::S* kn) {
   constexpr int NKV = kLanes / G;
@@ -417,7 +418,8 @@ inline void pv_i8(float* acc, int64_t da, const int32_t* hi, const int32_t* lo, 
     for (int i = 0; i < n4; i += 4) {
       if (off_next != nullptr)
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(base + off_next[i + r] + c), kStreamHint);
+        for (int r = 0; r < 4; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(base + off_next[i + r] + c), kStreamHint);
       __m512i x[4];
       interleave4(_mm512_maskz_loadu_epi8(m, base + off[i] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 1] + c),
                   _mm512_maskz_loadu_epi8(m, base + off[i + 2] + c), _mm512_maskz_loadu_epi8(m, base + off[i + 3] + c), x);
@@ -1092,9 +1094,7 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
         auto chunk = [&](int64_t c, auto tail) {  // 32 dims of every head of the group
 #pragma GCC unroll 16
           for (int v = 0; v < NKV; ++v) {
-            if (c % 64 == 0) {
-              _mm_prefetch(reinterpret_cast<const char*>(knext + hoff[v] + c), kStreamHint);
-            }
+            if (c % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(knext + hoff[v] + c), kStreamHint);
             const __m512i k = widen_i16<decltype(tail)::value>(krow + hoff[v] + c);
 #pragma GCC unroll 8
             for (int g = 0; g < G; ++g)
