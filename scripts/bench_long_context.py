@@ -10,7 +10,10 @@ cache of ``max(contexts)`` tokens on huge pages, filled with random K/V through 
 * **step**: one decode step of a single request whose context is that long (the backend's forward:
   the decode layers op, or the per-layer loop, and the lm_head), median ms -> tok/s;
 * **attention**: the 28 layers' decode attention calls alone at that context, median ms, and the
-  GB/s of K/V (values and scales) they read;
+  GB/s of K/V (values and scales) they read. With the kernel they are made back to back from C++
+  (``paged_decode_attention_layers``), as the step's decode op makes them; the same calls made one
+  by one from Python (each paying the interpreter's path, cold after the pools streamed through the
+  caches: 6-25 us more a call on a Zen4 VM) are timed too, as "Python loop";
 * **weights**: the GB/s at which the same run streams the weights: streamed weight bytes / the
   step time at the shortest context, minus that step's attention time.
 
@@ -81,6 +84,15 @@ class Point:
         self.kernel = engine.backend.decode_kernel
         cfg = engine.model.config
         self.q = torch.randn(1, cfg.num_attention_heads, cfg.head_dim).to(cache.dtype)
+        self.layers_args = None  # the layers op's arguments, with the kernel
+        decode = attention.bind(self.meta).decode
+        if getattr(decode, "kernel", None) is not None:
+            n_layers = len(cache.pools()[0])
+            pools = [cache.layer(i) for i in range(n_layers)]
+            scales = [cache.layer_scales(i) for i in range(n_layers)]
+            self.layers_args = (self.q, [k for k, _ in pools], [v for _, v in pools], decode.block_tables,
+                                decode.seq_lens, cfg.head_dim ** -0.5,
+                                [s[0] for s in scales if s is not None], [s[1] for s in scales if s is not None])
 
     @torch.inference_mode()
     def step_s(self) -> float:
@@ -92,7 +104,17 @@ class Point:
 
     @torch.inference_mode()
     def attention_s(self) -> float:
-        """The decode attention of every layer, as a step calls it (kernel, or the torch path)."""
+        """The decode attention of every layer as a step calls it: the kernel's calls back to back from
+        C++, else the Python loop (the torch path)."""
+        if self.layers_args is None:
+            return self.attention_py_s()
+        t0 = time.perf_counter()
+        torch.ops.swiftlm_attention.paged_decode_attention_layers(*self.layers_args)
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def attention_py_s(self) -> float:
+        """The decode attention of every layer, called layer by layer from Python."""
         bound = self.attention.bind(self.meta)
         t0 = time.perf_counter()
         for layer in range(len(self.cache.pools()[0])):
@@ -155,18 +177,21 @@ def main() -> None:
             gbs = probe.measure()
             step: list[list[float]] = [[] for _ in pts]
             attn: list[list[float]] = [[] for _ in pts]
+            attn_py: list[list[float]] = [[] for _ in pts]
             for s in range(args.steps):  # contexts interleaved step by step, the order alternating
                 for i in range(len(pts)) if s % 2 == 0 else reversed(range(len(pts))):
                     step[i].append(pts[i].step_s())
             for s in range(args.steps):
                 for i in range(len(pts)) if s % 2 == 0 else reversed(range(len(pts))):
                     attn[i].append(pts[i].attention_s())
+                    attn_py[i].append(pts[i].attention_py_s())
             st = [statistics.median(x) for x in step]
             at = [statistics.median(x) for x in attn]
+            at_py = [statistics.median(x) for x in attn_py]
             weights_gbs = weight_bytes / (st[i0] - at[i0]) / 1e9
             rounds.append({"round": rep, "kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1],
                            "bandwidth_gb_s": gbs, "weights_gb_s": weights_gbs,
-                           "contexts": {ctx: {"step_s": st[i], "attention_s": at[i],
+                           "contexts": {ctx: {"step_s": st[i], "attention_s": at[i], "attention_py_s": at_py[i],
                                               "kv_share": pts[i].kv_bytes() / at[i] / 1e9 / weights_gbs,
                                               "relative_to_short": st[i0] / st[i]}
                                         for i, ctx in enumerate(args.contexts)}})
@@ -182,8 +207,9 @@ def main() -> None:
 
     many = len(combos) > 1
     lines = ["| kv cache |" + (" blocks |" if many else "") + " context | decode tok/s | step ms | attention ms (28 layers) "
-             f"| K/V GB/s | of weights GB/s: all (slower, faster rounds) | vs context {short}: all (slower, faster) |",
-             "|---|" + ("---:|" if many else "") + "---:|---:|---:|---:|---:|---:|---:|"]
+             f"| K/V GB/s | of weights GB/s: all (slower, faster rounds) | K/V GB/s, Python loop "
+             f"| vs context {short}: all (slower, faster) |",
+             "|---|" + ("---:|" if many else "") + "---:|---:|---:|---:|---:|---:|---:|---:|"]
     rows, out = [], []
     for combo in combos:
         for name in args.kv_cache_dtypes:
@@ -193,13 +219,15 @@ def main() -> None:
                 p = points[(ctx, name, combo)]
                 step_s, attn_s = med(rs, ctx, "step_s"), med(rs, ctx, "attention_s")
                 kv_gbs = p.kv_bytes() / attn_s / 1e9
+                kv_py_gbs = p.kv_bytes() / med(rs, ctx, "attention_py_s") / 1e9
                 share = [med(x, ctx, "kv_share") for x in (rs, slow, fast)]
                 rel = [med(x, ctx, "relative_to_short") for x in (rs, slow, fast)]
                 lines.append(f"| {name} |" + (f" {combo[0]}, {combo[1]} |" if many else "") + f" {ctx} | {1 / step_s:.1f} | "
                              f"{step_s * 1e3:.1f} | {attn_s * 1e3:.2f} | {kv_gbs:.1f} | "
-                             f"{share[0]:.0%} ({share[1]:.0%}, {share[2]:.0%}) | {rel[0]:.0%} ({rel[1]:.0%}, {rel[2]:.0%}) |")
+                             f"{share[0]:.0%} ({share[1]:.0%}, {share[2]:.0%}) | {kv_py_gbs:.1f} | {rel[0]:.0%} ({rel[1]:.0%}, {rel[2]:.0%}) |")
                 out.append({"kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1], "context": ctx,
                             "step_s": step_s, "attention_s": attn_s, "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs,
+                            "kv_gb_s_python_loop": kv_py_gbs,
                             "kv_share": share, "relative_to_short": rel, "decode_tok_s": 1 / step_s})
             w = [statistics.median(r["weights_gb_s"] for r in x) for x in (rs, slow, fast)]
             b = [statistics.median(r["bandwidth_gb_s"] for r in x) for x in (slow, fast)]

@@ -290,3 +290,47 @@ def test_int8_pools_with_bf16_q_round_only_once(op, hq, hkv, d, block_size) -> N
                  tables, lens, d**-0.5)
     excess = ((out.double() - ref).abs() - ref.abs() * 2.0**-8).max().item()
     assert excess <= 1e-3, f"sharp softmax: error beyond bf16 rounding {excess:.3g}"
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+def test_split_request_is_deterministic_and_layers_op_matches(op, kv_dtype) -> None:
+    """A long request is cut into chunks that the threads take from a shared counter, whichever thread
+    gets there first; each chunk's partial result has its own slot, merged in token order, so repeated
+    calls give bit-identical outputs. The benchmarks' layers op (each layer's call made back
+    to back from C++) gives each layer's call's output bit for bit."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(2, threads))
+        if kv_dtype == "int8":
+            q, k, v, ks, vs, tables, lens = quantised_case([5000], 16, 8, 128, torch.bfloat16, "int8", seed=11)
+            scales = ([ks, ks.flip(0)], [vs, vs.flip(0)])
+        else:
+            q, k, v, tables, lens = make_case([5000], 16, 8, 128, torch.bfloat16, seed=11)
+            scales = ([], [])
+        ks_l, vs_l = scales
+        k_l, v_l = [k, k.flip(0)], [v, v.flip(0)]  # two layers
+        first = [op(q, k_l[i], v_l[i], tables, lens, 128**-0.5, *((ks_l[i], vs_l[i]) if ks_l else ())) for i in range(2)]
+        for _ in range(5):
+            again = op(q, k_l[0], v_l[0], tables, lens, 128**-0.5, *((ks_l[0], vs_l[0]) if ks_l else ()))
+            assert torch.equal(again, first[0])
+        layers = torch.ops.swiftlm_attention.paged_decode_attention_layers(q, k_l, v_l, tables, lens, 128**-0.5, ks_l, vs_l)
+        assert len(layers) == 2 and all(torch.equal(a, b) for a, b in zip(layers, first, strict=True))
+        with pytest.raises(RuntimeError, match="same layers"):
+            torch.ops.swiftlm_attention.paged_decode_attention_layers(q, k_l, v_l[:1], tables, lens, 0.1, [], [])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_int8_pools_with_strided_heads_match_dense_ones(op, d) -> None:
+    """int8 q.k takes two K rows at a time with addresses fixed at compile time when a row's kv heads
+    are adjacent (stride head_dim), and at runtime strides otherwise: pools whose heads sit 2 * head_dim
+    apart (a view of a wider tensor) must give the dense pools' outputs bit for bit."""
+    q, kq, vq, ks, vs, tables, lens = quantised_case(MIXED_LENS, 16, 8, d, torch.bfloat16, "int8", seed=13)
+    dense = op(q, kq, vq, tables, lens, d**-0.5, ks, vs)
+    wide_k = torch.zeros(*kq.shape[:3], 2 * d, dtype=kq.dtype)
+    wide_v = torch.zeros_like(wide_k)
+    wide_k[..., :d], wide_v[..., :d] = kq, vq
+    strided = op(q, wide_k[..., :d], wide_v[..., :d], tables, lens, d**-0.5, ks, vs)
+    assert wide_k[..., :d].stride(2) == 2 * d
+    assert torch.equal(dense, strided)

@@ -15,6 +15,10 @@ The op, for B decoding requests (one query token each)::
                            seq_lens [B] int64, scale: float,
                            k_scales [N, bs, Hkv] float32 = None, v_scales = None) -> [B, Hq, D]  (dtype of q)
 
+For benchmarks, ``paged_decode_attention_layers(q, k_pools[], v_pools[], block_tables, seq_lens, scale,
+k_scales[], v_scales[]) -> out[]`` makes one call per layer back to back from C++, as the fused decode
+op does (empty scale lists for pools of q's dtype).
+
 Request ``b`` attends to its first ``seq_lens[b]`` tokens; token ``t`` is
 ``pool[block_tables[b, t // bs], t % bs]``. q and the pools are all float32 or all bfloat16, or the
 pools are 8-bit (int8, float8_e4m3fn or float8_e5m2: the small KV cache, ``backends/kv_quant.py``)

@@ -61,9 +61,9 @@
 // read no faster than from memory on a Zen4 VM), and GCC 12 compiled the general q.k loops (per-head
 // offsets from tables, q at runtime strides) with the sums copied between registers and spilled, and
 // the addresses reloaded from the stack. Full lane groups with head_dim 64 or 128 take q.k rows
-// written for the compiler (qk_row: the same sums in the same order), and whole tiles
-// take a fully unrolled int8 P.V: 1.23x (bf16) and 1.33x (int8) from L3, 1.05-1.17x in the engine at
-// 2048 tokens.
+// written for the compiler (qk_row: the same sums in the same order; int8 pools two rows at a time,
+// qk_pair), and whole tiles take a fully unrolled int8 P.V: 1.23x (bf16) and 1.33x (int8) from L3,
+// 1.05-1.17x in the engine at 2048 tokens.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -155,7 +155,7 @@ inline auto qk_row(const typename Dot::Q* qc, const typename Dot::S* krow, int64
       if ((j * Dot::kChunkBytes) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(kn + 32 * j), kStreamHint);
       const auto k = Dot::load(krow + 32 * j);
 #pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) a[v * G + g] = Dot::mac(a[v * G + g], k, qc + (j * kLanes + v * G + g) * 32);
+      for (int g = 0; g < G; ++g) a[v * G + g] = Dot::mac(a[v * G + g], k, Dot::loadq(qc + (j * kLanes + v * G + g) * 32));
     }
     krow += k_sh;
     kn += k_sh;
@@ -177,6 +177,68 @@ template <typename Dot, int G>
 inline auto qk_row_nd(int nd, const typename Dot::Q* qc, const typename Dot::S* krow, int64_t k_sh,
                       const typename Dot::S* kn) {
   return nd == 4 ? qk_row<Dot, G, 4>(qc, krow, k_sh, kn) : qk_row<Dot, G, 2>(qc, krow, k_sh, kn);
+}
+
+// qk_row's integer sums (int8 pools) for two tokens (K rows ka, kb; the next tile's rows na, nb
+// prefetched alike), each q chunk loaded once for both: a (kv head, chunk) takes 2 K loads and G q
+// loads for 2G dot products, where qk_row takes 1 + G loads for G. On a Zen4 VM (one 512-bit load a
+// cycle) qk_row's int8 q.k was bound by its loads: 37.8 ns a token in L2 (1 thread), where its 64
+// vpdpwssd take 18; two tokens at a time read the pools 1.07-1.09x as fast from L2 and L3. From
+// memory it measured 0.91-1.06x (six interleaved A/Bs, slow minutes): within the noise. The lanes go
+// in two halves of 8 (8 / G kv heads each), a half's 16 sums [a's 8 lanes, b's 8 lanes] reduced by
+// one hsum16; every lane sums the same integers as in qk_row. Needs G | 8. out_a, out_b: the 16
+// lanes' sums of each token. kDense: the kv heads are adjacent in a row (k_sh = head_dim), so every
+// address is a constant offset from the four row pointers (with k_sh at runtime GCC kept the 32
+// addresses in vector registers and moved them back one by one).
+template <typename Dot, int G, int ND, bool kDense>
+inline void qk_pair(const typename Dot::Q* qc, const typename Dot::S* ka, const typename Dot::S* kb, int64_t k_sh,
+                    const typename Dot::S* na, const typename Dot::S* nb, __m512i& out_a, __m512i& out_b) {
+  if constexpr (kDense) k_sh = 32 * ND;
+  constexpr int HL = kLanes / 2;  // lanes per half
+  constexpr int NKVH = HL / G;    // kv heads per half
+  static_assert(HL % G == 0, "qk_pair takes GQA groups that divide 8");
+  __m512i half[2];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    typename Dot::Acc a[kLanes];  // a[x]: token a's lane h * HL + x; a[HL + x]: token b's
+#pragma GCC unroll 16
+    for (int x = 0; x < kLanes; ++x) a[x] = Dot::zero();
+#pragma GCC unroll 8
+    for (int v = 0; v < NKVH; ++v) {  // the pointers move on a kv head a step, as in qk_row
+#pragma GCC unroll 8
+      for (int j = 0; j < ND; ++j) {
+        if ((j * Dot::kChunkBytes) % 64 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(na + 32 * j), kStreamHint);
+          _mm_prefetch(reinterpret_cast<const char*>(nb + 32 * j), kStreamHint);
+        }
+        const auto xa = Dot::load(ka + 32 * j), xb = Dot::load(kb + 32 * j);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) {
+          auto qv = Dot::loadq(qc + (j * kLanes + h * HL + v * G + g) * 32);
+          __asm__("" : "+v"(qv));  // one load for both tokens: GCC would fold it into each dot product
+          a[v * G + g] = Dot::mac(a[v * G + g], xa, qv);
+          a[HL + v * G + g] = Dot::mac(a[HL + v * G + g], xb, qv);
+        }
+      }
+      ka += k_sh, kb += k_sh, na += k_sh, nb += k_sh;
+      __asm__ volatile("" ::: "memory");  // as in qk_row: the prefetches stay among the head's reads
+    }
+    half[h] = Dot::sum(a);
+  }
+  // 128-bit lanes 0-1 of each half are token a's, 2-3 token b's
+  out_a = _mm512_shuffle_i64x2(half[0], half[1], _MM_SHUFFLE(1, 0, 1, 0));
+  out_b = _mm512_shuffle_i64x2(half[0], half[1], _MM_SHUFFLE(3, 2, 3, 2));
+}
+
+// qk_pair for nd = qk_row_chunks(..) > 0 chunks.
+template <typename Dot, int G>
+inline void qk_pair_nd(int nd, const typename Dot::Q* qc, const typename Dot::S* ka, const typename Dot::S* kb,
+                       int64_t k_sh, const typename Dot::S* na, const typename Dot::S* nb, __m512i& out_a,
+                       __m512i& out_b) {
+  if (nd == 4 && k_sh == 128) qk_pair<Dot, G, 4, true>(qc, ka, kb, k_sh, na, nb, out_a, out_b);
+  else if (nd == 4) qk_pair<Dot, G, 4, false>(qc, ka, kb, k_sh, na, nb, out_a, out_b);
+  else if (k_sh == 64) qk_pair<Dot, G, 2, true>(qc, ka, kb, k_sh, na, nb, out_a, out_b);
+  else qk_pair<Dot, G, 2, false>(qc, ka, kb, k_sh, na, nb, out_a, out_b);
 }
 
 template <typename T>
@@ -452,7 +514,8 @@ struct I8RowDot {
   static constexpr int kChunkBytes = 32;  // K bytes of 32 dims
   static Acc zero() { return _mm512_setzero_si512(); }
   static __m512i load(const S* k) { return widen_i16<false>(k); }
-  static Acc mac(Acc a, __m512i k, const Q* q) { return _mm512_dpwssd_epi32(a, k, _mm512_loadu_si512(q)); }
+  static __m512i loadq(const Q* q) { return _mm512_loadu_si512(q); }
+  static Acc mac(Acc a, __m512i k, __m512i q) { return _mm512_dpwssd_epi32(a, k, q); }
   static __m512i sum(const Acc* a) { return hsum16_epi32(a); }
 };
 #else
@@ -694,7 +757,8 @@ struct Bf16RowDot {
   static constexpr int kChunkBytes = 64;
   static Acc zero() { return _mm512_setzero_ps(); }
   static __m512bh load(const S* k) { return (__m512bh)_mm512_loadu_si512(k); }
-  static Acc mac(Acc a, __m512bh k, const Q* q) { return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q), k); }
+  static __m512bh loadq(const Q* q) { return (__m512bh)_mm512_loadu_si512(q); }
+  static Acc mac(Acc a, __m512bh k, __m512bh q) { return _mm512_dpbf16_ps(a, q, k); }
   static __m512 sum(const Acc* a) { return hsum16(a); }
 };
 #endif
@@ -1085,7 +1149,24 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
                              _mm512_set1_ps(I8Dot::kMul));
       };
 
-      for (int i = 0; i < n; ++i) {  // scores: sc[i][lane] = q_lane . k_i * K scale * scale * log2(e)
+      // scores: sc[i][lane] = q_lane . k_i * K scale * scale * log2(e)
+      auto store_scores = [&](int i, __m512i sums) {  // exact in int32 for d <= kMaxI8DotDim
+        const __m512 dots = _mm512_cvtepi32_ps(sums);
+        _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, _mm512_mul_ps(qscale, lane_scales(P.ks, i))));
+      };
+      int i0 = 0;  // tokens before i0 scored in pairs
+      if constexpr ((kLanes / 2) % G == 0)
+        if (row_nd > 0)
+          for (; i0 + 1 < n; i0 += 2) {
+            const uint8_t* kn0 = kbase + (i0 < n_next ? on.k[i0] : o.k[i0]);  // the next tile's rows
+            const uint8_t* kn1 = kbase + (i0 + 1 < n_next ? on.k[i0 + 1] : o.k[i0 + 1]);
+            __m512i sa, sb;
+            qk_pair_nd<I8RowDot, G>(row_nd, qg, kbase + o.k[i0] + hoff[0], kbase + o.k[i0 + 1] + hoff[0], P.k_sh,
+                                    kn0 + hoff[0], kn1 + hoff[0], sa, sb);
+            store_scores(i0, sa);
+            store_scores(i0 + 1, sb);
+          }
+      for (int i = i0; i < n; ++i) {
         const uint8_t* krow = kbase + o.k[i];
         const uint8_t* knext = kbase + (i < n_next ? on.k[i] : o.k[i]);  // the next tile's rows i
         __m512i a[kLanes];
@@ -1110,9 +1191,7 @@ void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* 
           if (c < d) chunk(c, std::true_type{});
           sums = hsum16_epi32(a);
         }
-        // exact in int32 for d <= kMaxI8DotDim, so the lanes sum as integers
-        const __m512 dots = _mm512_cvtepi32_ps(sums);
-        _mm512_storeu_ps(sc + i * kLanes, _mm512_mul_ps(dots, _mm512_mul_ps(qscale, lane_scales(P.ks, i))));
+        store_scores(i, sums);
       }
 
       // the online softmax; each token's V scale into its weight (l sums the unscaled weights)
@@ -1371,10 +1450,36 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   return out;
 }
 
+// For benchmarks: the decode attention of each layer of a step, back to back from C++ as the fused
+// decode op (decode_cpu.cpp) calls it, with no Python between the layers: out[i] = the op on layer i's
+// pools (and scale pools, when given). Called per layer from Python instead, each call paid 6-25 us
+// more on a Zen4 VM (the interpreter's path, cold after the pools streamed through the caches).
+std::vector<at::Tensor> paged_decode_attention_layers(const at::Tensor& q, at::TensorList k_pools,
+                                                      at::TensorList v_pools, const at::Tensor& block_tables,
+                                                      const at::Tensor& seq_lens, double scale,
+                                                      at::TensorList k_scales, at::TensorList v_scales) {
+  TORCH_CHECK(k_pools.size() == v_pools.size(), "k_pools and v_pools must list the same layers, got ",
+              k_pools.size(), " and ", v_pools.size());
+  TORCH_CHECK(k_scales.size() == v_scales.size() && (k_scales.empty() || k_scales.size() == k_pools.size()),
+              "k_scales and v_scales must be empty or list every layer");
+  std::vector<at::Tensor> outs;
+  outs.reserve(k_pools.size());
+  for (size_t i = 0; i < k_pools.size(); ++i) {
+    std::optional<at::Tensor> ks, vs;
+    if (!k_scales.empty()) ks = k_scales[i], vs = v_scales[i];
+    outs.push_back(paged_decode_attention(q, k_pools[i], v_pools[i], block_tables, seq_lens, scale, ks, vs));
+  }
+  return outs;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(swiftlm_attention, lib) {
   swiftlm_cpu::def_cpu(lib, "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
                             "Tensor seq_lens, float scale, Tensor? k_scales=None, Tensor? v_scales=None) -> Tensor",
                        &paged_decode_attention);
+  swiftlm_cpu::def_cpu(lib, "paged_decode_attention_layers(Tensor q, Tensor[] k_pools, Tensor[] v_pools, "
+                            "Tensor block_tables, Tensor seq_lens, float scale, Tensor[] k_scales, "
+                            "Tensor[] v_scales) -> Tensor[]",
+                       &paged_decode_attention_layers);
 }
