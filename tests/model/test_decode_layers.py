@@ -137,6 +137,33 @@ def test_bad_slot_is_an_error_not_a_write(kernels: CpuKernels, tiny_model_dir: P
     assert all(torch.equal(a, b) for a, b in zip(before, k_pools, strict=True))
 
 
+@pytest.mark.parametrize(("table", "lens", "message"), [
+    ("past_pool", 1, "outside the pool"),
+    ("negative", 1, "outside the pool"),
+    ("ok", 99, "does not fit"),
+])
+def test_bad_block_table_is_an_error_before_any_write(
+    kernels: CpuKernels, tiny_model_dir: Path, table: str, lens: int, message: str
+) -> None:
+    """The op checks the attention's tables once for every layer (the kernel trusts them), before any
+    layer writes its pools."""
+    llm = LLM(str(tiny_model_dir), dtype="bfloat16", backend=CpuBackend(kernels=kernels))
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], PARAMS)
+    layers = llm.engine.backend.step_plan.decode_layers
+    assert layers is not None
+    k_pools, v_pools = llm.engine.kv_cache.pools()
+    before = [p.clone() for p in (*k_pools, *v_pools)]
+    hidden = llm.engine.model.model.embed_tokens.weight.shape[1]
+    residual, h = torch.zeros(1, hidden, dtype=torch.bfloat16), torch.zeros(1, hidden, dtype=torch.bfloat16)
+    block = {"past_pool": k_pools[0].shape[0], "negative": -1, "ok": 1}[table]
+    with pytest.raises(RuntimeError, match=message):
+        layers.op(residual, h, torch.tensor([0]), torch.tensor([0]), torch.tensor([[block]]), torch.tensor([lens]),
+                  layers.weights, k_pools, v_pools, layers.cos, layers.sin, layers.n_heads, layers.n_kv_heads,
+                  layers.eps, layers.scale, layers.gemv_max_rows, layers.max_rows, layers.kind, layers.quant,
+                  layers.intermediate, [], [])
+    assert all(torch.equal(a, b) for a, b in zip(before, (*k_pools, *v_pools), strict=True))
+
+
 @pytest.mark.parametrize("path", ["bf16", "int8"])
 def test_decode_layers_on_llama_and_qwen2(kernels: CpuKernels, tiny_arch_dir: Path, path: str) -> None:
     """Llama has no q/k norm (the op rotates the heads as they are); Qwen2's q/k/v biases keep the

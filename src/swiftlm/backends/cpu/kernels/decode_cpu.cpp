@@ -23,8 +23,8 @@
 // VM, a residual add + RMSNorm takes 3-4 us on its own and 30-40 us right after a GEMV from Python
 // (the same after any large read, and with one thread), 18 us through the dispatcher from C++, and
 // 6 us as the direct call below. Here the steps between the GEMVs are plain function calls into
-// buffers allocated once per step; only the attention and the quantised GEMVs go through the
-// dispatcher.
+// buffers allocated once per step; the attention is a direct call into its library too (its tables
+// checked once a step), and only the quantised GEMVs go through the dispatcher.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -34,7 +34,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <vector>
 
 #include "bf16_gemv.h"
@@ -59,14 +58,18 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-using AttentionSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double,
-                            const std::optional<Tensor>&, const std::optional<Tensor>&);
 using Int8GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, int64_t);
 using Int4GemvSig = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t);
 
-const c10::TypedOperatorHandle<AttentionSig>& attention_op() {
-  static const auto op = find_op<AttentionSig>("swiftlm_attention::paged_decode_attention");
-  return op;
+// The paged attention library's decode_attention_into (paged_attention_cpu.cpp), called directly: the
+// op through the dispatcher checked each layer's tables again and allocated its output, code and data
+// cold after every layer's weights. Its address comes once from an op of that library.
+using AttentionIntoFn = void(const Tensor&, const Tensor&, const Tensor&, const int64_t*, int64_t, const int64_t*,
+                             double, const float*, const float*, void*);
+AttentionIntoFn* attention_into() {
+  static AttentionIntoFn* const fn = reinterpret_cast<AttentionIntoFn*>(
+      find_op<int64_t(const Tensor&)>("swiftlm_attention::decode_attention_into_address").call(at::empty({0})));
+  return fn;
 }
 
 const c10::TypedOperatorHandle<Int8GemvSig>& int8_gemv_op() {
@@ -209,17 +212,35 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
       for (const Tensor* sc : {&k_scales[l], &v_scales[l]})
         TORCH_CHECK(sc->scalar_type() == at::kFloat && sc->is_contiguous() && sc->numel() == k_pool.numel() / d,
                     "swiftlm_decode.decode_layers: scale pools must be contiguous float32 [N, bs, Hkv]");
+    TORCH_CHECK(k_pool.size(0) == k_pools[0].size(0) && k_pool.size(1) == k_pools[0].size(1),
+                "swiftlm_decode.decode_layers: every layer's pools must have the same blocks");
     const int64_t num_slots = k_pool.size(0) * k_pool.size(1);
     for (int64_t i = 0; i < t; ++i)
       TORCH_CHECK(slot[i] >= 0 && slot[i] < num_slots, "swiftlm_decode.decode_layers: slot ", slot[i],
                   " outside the pool of ", num_slots);
+  }
+  // the attention's tables, checked once for every layer (the same blocks in each layer's pools)
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == t && seq_lens.dim() == 1 && seq_lens.size(0) == t,
+              "swiftlm_decode.decode_layers: block_tables must be [T, max_blocks] and seq_lens [T]");
+  const Tensor tables = block_tables.to(at::kLong).contiguous();
+  const Tensor lens_t = seq_lens.to(at::kLong).contiguous();
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  const int64_t* lens = lens_t.data_ptr<int64_t>();
+  const int64_t max_blocks = tables.size(1), n_blocks = k_pools[0].size(0), bs = k_pools[0].size(1);
+  for (int64_t b = 0; b < t; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, "swiftlm_decode.decode_layers: seq_lens[", b, "] = ",
+                lens[b], " does not fit in ", max_blocks, " blocks of ", bs);
+    for (int64_t i = 0, nb = (lens[b] + bs - 1) / bs; i < nb; ++i)
+      TORCH_CHECK(tab[b * max_blocks + i] >= 0 && tab[b * max_blocks + i] < n_blocks,
+                  "swiftlm_decode.decode_layers: block_tables[", b, ", ", i, "] = ", tab[b * max_blocks + i],
+                  " is outside the pool of ", n_blocks, " blocks");
   }
 
   // the step's buffers, reused by every layer
   const auto opts = h_in.options();
   Tensor qkv = at::empty({t, qkv_n}, opts), q = at::empty({t, n_heads, d}, opts), k = at::empty({t, n_kv_heads, d}, opts);
   Tensor o_out = at::empty({t, hidden}, opts), gate_up = at::empty({t, gate_up_n}, opts), act = at::empty({t, inter}, opts);
-  Tensor h = at::empty({t, hidden}, opts);
+  Tensor h = at::empty({t, hidden}, opts), a = at::empty({t, n_heads, d}, opts);
   std::vector<bf16> norm_scratch(d);
   std::vector<float> silu_scratch(2 * inter);
   bf16* res = residual.data_ptr<bf16>();
@@ -231,7 +252,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   const float* sp = sin.data_ptr<float>();
   std::memcpy(hp, h_in.const_data_ptr(), t * hidden * sizeof(bf16));
   const int64_t row_bytes = kv_width * static_cast<int64_t>(sizeof(bf16));
-  const auto& attention = attention_op();
+  AttentionIntoFn* const attention = attention_into();
   const Linear linear{kind, gemv_rows};
 
   for (int64_t l = 0; l < layers; ++l) {
@@ -252,26 +273,27 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
     // k rows, and v: the last Hk * D columns of each qkv row, into the pools
     char* kbase = static_cast<char*>(k_pool.data_ptr());
     char* vbase = static_cast<char*>(v_pool.data_ptr());
-    std::optional<Tensor> ks, vs;
+    const float* ksp = nullptr;
+    const float* vsp = nullptr;
     if (kv_format == swiftlm_kvq::kNone) {
       for (int64_t i = 0; i < t; ++i) {
         std::memcpy(kbase + slot[i] * row_bytes, kp + i * kv_width, row_bytes);
         std::memcpy(vbase + slot[i] * row_bytes, qkv_p + i * qkv_n + (n_heads + n_kv_heads) * d, row_bytes);
       }
     } else {
-      ks = k_scales[l];
-      vs = v_scales[l];
-      float* ksp = ks->data_ptr<float>();
-      float* vsp = vs->data_ptr<float>();
+      float* ks = k_scales[l].data_ptr<float>();
+      float* vs = v_scales[l].data_ptr<float>();
       for (int64_t i = 0; i < t; ++i)
         for (int64_t h = 0; h < n_kv_heads; ++h) {
           const int64_t row = slot[i] * n_kv_heads + h;  // (token, head) row of the pools
-          store_kv_row(kv_format, kp + i * kv_width + h * d, d, reinterpret_cast<uint8_t*>(kbase) + row * d, ksp + row);
+          store_kv_row(kv_format, kp + i * kv_width + h * d, d, reinterpret_cast<uint8_t*>(kbase) + row * d, ks + row);
           store_kv_row(kv_format, qkv_p + i * qkv_n + (n_heads + n_kv_heads + h) * d, d,
-                       reinterpret_cast<uint8_t*>(vbase) + row * d, vsp + row);
+                       reinterpret_cast<uint8_t*>(vbase) + row * d, vs + row);
         }
+      ksp = ks;
+      vsp = vs;
     }
-    const Tensor a = attention.call(q, k_pool, v_pool, block_tables, seq_lens, scale, ks, vs);  // [T, Hq, D]
+    attention(q, k_pool, v_pool, tab, max_blocks, lens, scale, ksp, vsp, a.data_ptr());  // a: [T, Hq, D]
     const Tensor o_r = linear(a.reshape({t, n_heads * d}), t, w[3], qz ? qz + 3 : nullptr, hidden, o_out);
     const bf16* o_p = o_r.const_data_ptr<bf16>();
     for (int64_t i = 0; i < t; ++i)

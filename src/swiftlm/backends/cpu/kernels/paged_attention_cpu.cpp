@@ -1304,6 +1304,10 @@ namespace {
 
 using namespace swiftlm_attn;
 
+void decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const int64_t* tab,
+                           int64_t max_blocks, const int64_t* lens, double scale, const float* k_scales,
+                           const float* v_scales, void* out_ptr);
+
 at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables_in, const at::Tensor& seq_lens_in,
                                   double scale, const std::optional<at::Tensor>& k_scales,
@@ -1354,6 +1358,25 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   }
 
   at::Tensor out = at::empty({B, Hq, D}, q.options());
+  decode_attention_into(q, k_pool, v_pool, tab, max_blocks, lens, scale,
+                        format != swiftlm_kvq::kNone ? k_scales->const_data_ptr<float>() : nullptr,
+                        format != swiftlm_kvq::kNone ? v_scales->const_data_ptr<float>() : nullptr, out.data_ptr());
+  return out;
+}
+
+// The kernel on inputs the caller has checked as the op above does: q [B, Hq, D] contiguous, the
+// pools [N, bs, Hkv, D] (8-bit ones with their scale pools' data), block tables [B, max_blocks] and
+// seq_lens [B] as int64 with every length and block id in range; out: B * Hq * D values of q's dtype.
+// The decode layers op (decode_cpu.cpp) calls it directly, the tables checked once a step: through
+// the op, each layer's call paid for its checks, conversions, allocation and the dispatcher, all cold
+// after the layer's weights streamed through the caches.
+void decode_attention_into(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, const int64_t* tab,
+                           int64_t max_blocks, const int64_t* lens, double scale, const float* k_scales,
+                           const float* v_scales, void* out_ptr) {
+  const auto dtype = q.scalar_type();
+  const int64_t format = pool_format(k_pool.scalar_type());
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t bs = k_pool.size(1), Hkv = k_pool.size(2);
   const int64_t G = Hq / Hkv;
   int64_t group = std::min<int64_t>(G, kMaxGroup);
   while (G % group != 0) --group;
@@ -1365,8 +1388,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
             k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1),
             v_pool.stride(2), tab, max_blocks, Hq, D, bs, Hv, ratio,
             static_cast<float>(scale * 1.4426950408889634),
-            quant ? k_scales->const_data_ptr<float>() : nullptr, quant ? v_scales->const_data_ptr<float>() : nullptr,
-            bs * Hkv, Hkv};
+            quant ? k_scales : nullptr, quant ? v_scales : nullptr, bs * Hkv, Hkv};
 #if defined(__AMX_TILE__)
   P.amx = dtype == at::kBFloat16 && swiftlm_amx::enable_amx();
 #endif
@@ -1405,7 +1427,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   std::vector<float> part(slots * Hq * (D + 2));
   const ItemFn fn = dtype == at::kFloat ? pick_item_fn<float>(group, format, D) : pick_item_fn<bf16>(group, format, D);
   const int64_t ws_floats = scratch_floats_max(Hv, group, D);
-  void* out_ptr = out.data_ptr();
   float* part_ptr = part.data();
 
   std::atomic<int64_t> next{0};
@@ -1447,7 +1468,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
     merge(0, n_merge);
   else
     at::parallel_for(0, n_merge, 1, merge);
-  return out;
 }
 
 // For benchmarks: the decode attention of each layer of a step, back to back from C++ as the fused
@@ -1472,9 +1492,14 @@ std::vector<at::Tensor> paged_decode_attention_layers(const at::Tensor& q, at::T
   return outs;
 }
 
+// decode_attention_into's address, for the decode layers op in another library built from the same
+// headers (an op has to be given a tensor; any will do).
+int64_t decode_attention_into_address(const at::Tensor&) { return reinterpret_cast<int64_t>(&decode_attention_into); }
+
 }  // namespace
 
 TORCH_LIBRARY(swiftlm_attention, lib) {
+  swiftlm_cpu::def_cpu(lib, "decode_attention_into_address(Tensor any) -> int", &decode_attention_into_address);
   swiftlm_cpu::def_cpu(lib, "paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, "
                             "Tensor seq_lens, float scale, Tensor? k_scales=None, Tensor? v_scales=None) -> Tensor",
                        &paged_decode_attention);
