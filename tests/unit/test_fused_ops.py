@@ -95,3 +95,42 @@ def test_silu_mul(ops, dtype: torch.dtype, rows: int) -> None:
     gate_up = (torch.randn(rows, 2 * 160, generator=torch.Generator().manual_seed(rows)) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     _assert_same(ops.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 151936])
+def test_greedy_pick_is_torch_max_with_the_lowest_id_on_ties(ops, vocab: int) -> None:
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=g).bfloat16().float()  # bf16 values: ties happen
+    if vocab > 1:
+        top = logits[1].max()
+        logits[1, vocab // 2] = top  # a tie with the earlier maximum...
+        logits[1, vocab - 1] = top  # ...and a later one
+        logits[2] = 0.0  # every id tied: id 0
+        logits[3, vocab - 1] = logits[3].max() + 1  # the maximum in the tail past whole 16-lane groups
+    ids, finite = ops.greedy_pick(logits)
+    assert ids.dtype == torch.int64 and finite.dtype == torch.bool
+    assert ids.tolist() == logits.max(dim=-1).indices.tolist()
+    assert finite.tolist() == [True] * 5
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 16, 150000, 151935])
+def test_greedy_pick_flags_rows_with_non_finite_logits(ops, bad: float, where: int) -> None:
+    logits = torch.randn(3, 151936, generator=torch.Generator().manual_seed(where))
+    logits[1, where] = bad
+    ids, finite = ops.greedy_pick(logits)
+    assert finite.tolist() == [True, False, True]
+    assert ids[[0, 2]].tolist() == logits[[0, 2]].max(dim=-1).indices.tolist()
+    assert 0 <= int(ids[1]) < logits.shape[1]
+
+
+def test_greedy_pick_of_an_all_nan_row_is_id_0(ops) -> None:
+    ids, finite = ops.greedy_pick(torch.full((1, 40), float("nan")))
+    assert ids.tolist() == [0] and finite.tolist() == [False]
+
+
+def test_greedy_pick_rejects_other_dtypes_and_shapes(ops) -> None:
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.greedy_pick(torch.zeros(1, 8, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.greedy_pick(torch.zeros(8))

@@ -74,6 +74,12 @@ class Backend(ABC):
         """input_ids, positions: [T] -> final hidden states [T, hidden]."""
         return model(input_ids, positions, attention)
 
+    def greedy_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """logits [B, V] float32 -> (each row's argmax, the lowest id on ties, [B] int64; whether all
+        of its logits are finite [B] bool) in one pass, where this device has a kernel for it; None:
+        the caller checks and samples as usual."""
+        return None
+
     def activation_bytes(self, model: DecoderForCausalLM, block_size: int, max_rows: int, head_rows: int) -> int | None:
         """The measured memory of one step of ``max_rows`` tokens beyond the weights, for a device
         whose KV pool takes what is left (None: not measured, a fixed reserve is kept)."""

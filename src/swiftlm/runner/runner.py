@@ -26,7 +26,7 @@ from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.decoder import DecoderForCausalLM
 from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
-from swiftlm.runner.sampler import Sampler, SamplingRow
+from swiftlm.runner.sampler import Sampler, SamplerOutput, SamplingRow, plain_greedy
 
 PROMPT_LOGITS_ROWS = 128  # prompt rows scored per lm_head call (bounds the [rows, vocab] buffer)
 
@@ -83,12 +83,21 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32
         if self.fault_hook is not None:
             self.fault_hook("logits", logits)
-        if not bool(torch.isfinite(logits.sum())):  # some row holds NaN or inf: it is not sampled
-            bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()  # [F] rows
-            for j in bad:
-                failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
-            logits[bad] = 0.0  # sampled below like any row; the result is discarded
-        out = self.sampler(logits, rows)
+        picked = self.backend.greedy_pick(logits) if plain_greedy(rows) else None
+        if picked is not None:  # every row's argmax and the finiteness check in one pass
+            bad = [j for j, ok in enumerate(picked[1].tolist()) if not ok]  # [F] rows
+        elif bool(torch.isfinite(logits.sum())):
+            bad = []
+        else:
+            bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
+        for j in bad:  # a row holding NaN or inf is not sampled
+            failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
+        if picked is not None:
+            out = SamplerOutput(token_ids=picked[0].tolist(), logprobs=None, top_logprobs=None)
+        else:
+            if bad:
+                logits[bad] = 0.0  # sampled below like any row; the result is discarded
+            out = self.sampler(logits, rows)
         previous = -1
         for j, i in enumerate(inputs.sampling_requests):
             if i in failed:

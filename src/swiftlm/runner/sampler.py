@@ -126,6 +126,17 @@ class Sampler:
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
 
 
+def plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+    """Whether every row's token is the plain argmax of its logits (the lowest id on ties) and nothing
+    else is asked: greedy, not forced, no grammar, logit bias, banned ids, penalty or logprobs. Such a
+    step may take a backend's one-pass pick (``Backend.greedy_pick``) instead of the sampler."""
+    return all(
+        r.params.greedy and r.forced_token_id is None and r.grammar is None and not r.params.logit_bias
+        and not r.banned_token_ids and not _has_penalty(r) and r.params.logprobs is None
+        for r in rows
+    )
+
+
 def _enforce_grammars(
     x: torch.Tensor, rows: Sequence[SamplingRow], checked: Sequence[int], token_ids: list[int]
 ) -> None:

@@ -178,6 +178,12 @@ class CpuBackend(Backend):
     def attention(self, kv_cache: KVCache) -> PagedAttention:
         return PagedAttention(kv_cache, self.decode_kernel)
 
+    def greedy_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        ops = self.kernels.fused_ops
+        if ops is None or logits.dtype != torch.float32:
+            return None
+        return ops.greedy_pick(logits)
+
     def warm_up(self, model: DecoderForCausalLM, max_rows: int, head_rows: int) -> str | None:
         t0 = time.perf_counter()
         runs = warm_row_buckets(model, max_rows, head_rows, model.model.embed_tokens.weight.dtype)

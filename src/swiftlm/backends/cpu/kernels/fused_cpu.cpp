@@ -15,6 +15,12 @@
 //       (n = head), for models without q/k norm
 //   silu_mul(gate_up [T, 2 I]) -> [T, I]:  dtype(dtype(silu(gate)) * up)
 // Tensors are float32 or bfloat16 (all of one dtype), rows contiguous in their last dimension.
+//
+// And the greedy pick of a decode step, for rows that take the argmax of the model's logits:
+//   greedy_pick(logits [B, V] float32) -> (ids [B] int64, finite [B] bool): each row's largest logit's
+//       id, the lowest of tied ones (as torch.max(dim=-1)), and whether every logit of the row is
+//       finite (when not, the id means nothing). torch's max over a 151936-token row took ~0.26 ms on a
+//       Zen4 VM, and the finiteness check (a sum, isfinite) ~0.15 ms more, a step.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
@@ -29,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -150,6 +157,52 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   return out;
 }
 
+// One row of greedy_pick: its largest value (NaN never wins a comparison), and whether all values
+// are finite: z sums x * 0, which is 0 for finite x and NaN for an infinite or NaN one. Fixed lanes,
+// so that the compiler keeps them in vector registers.
+inline float row_max(const float* x, int64_t v, bool* finite) {
+  constexpr int64_t kL = 16;
+  float m[kL], z[kL];
+  for (int64_t j = 0; j < kL; ++j) m[j] = -std::numeric_limits<float>::infinity(), z[j] = 0.0f;
+  int64_t i = 0;
+  for (; i + kL <= v; i += kL)
+    for (int64_t j = 0; j < kL; ++j) {
+      m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+      z[j] += x[i + j] * 0.0f;
+    }
+  for (; i < v; ++i) {
+    m[0] = x[i] > m[0] ? x[i] : m[0];
+    z[0] += x[i] * 0.0f;
+  }
+  float mx = m[0], zs = z[0];
+  for (int64_t j = 1; j < kL; ++j) mx = m[j] > mx ? m[j] : mx, zs += z[j];
+  *finite = zs == 0.0f;
+  return mx;
+}
+
+std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits_in) {
+  TORCH_CHECK(logits_in.dim() == 2 && logits_in.scalar_type() == at::kFloat && logits_in.size(1) > 0,
+              "swiftlm_fused.greedy_pick: logits must be float32 [B, V], V > 0, got ", logits_in.scalar_type(), " ",
+              logits_in.sizes());
+  const at::Tensor x = logits_in.contiguous();
+  const int64_t rows = x.size(0), v = x.size(1);
+  at::Tensor ids = at::empty({rows}, x.options().dtype(at::kLong));
+  at::Tensor finite = at::empty({rows}, x.options().dtype(at::kBool));
+  const float* xp = x.data_ptr<float>();
+  int64_t* ip = ids.data_ptr<int64_t>();
+  bool* fp = finite.data_ptr<bool>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = xp + r * v;
+      const float mx = row_max(row, v, fp + r);
+      int64_t id = 0;  // the first id holding the maximum (none when every value is NaN)
+      while (id < v && row[id] != mx) ++id;
+      ip[r] = id < v ? id : 0;
+    }
+  });
+  return {ids, finite};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(swiftlm_fused, lib) {
@@ -159,4 +212,5 @@ TORCH_LIBRARY(swiftlm_fused, lib) {
   def_cpu(lib, "qk_norm_rope(Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor cos, Tensor sin, Tensor positions, "
                "int n_heads, int n_kv_heads, float eps) -> (Tensor, Tensor)", &qk_norm_rope);
   def_cpu(lib, "silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  def_cpu(lib, "greedy_pick(Tensor logits) -> (Tensor, Tensor)", &greedy_pick);
 }

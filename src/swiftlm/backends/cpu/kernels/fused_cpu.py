@@ -1,5 +1,6 @@
 """The Qwen3 layer's elementwise steps as single CPU ops (``fused_cpu.cpp``): RMSNorm, residual add
-+ RMSNorm, q/k norm + rotary, SiLU-and-multiply.
++ RMSNorm, q/k norm + rotary, SiLU-and-multiply; and a decode step's greedy pick (argmax and a
+finiteness check of the logits in one pass).
 
 ``load_fused_ops()`` returns them as a ``FusedOps``, or ``None`` when the library cannot be built
 here (no compiler, failed build; logged once) so that callers keep the plain torch code of
@@ -37,6 +38,8 @@ class FusedOps:
     add_rms_norm_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    # logits [B, V] float32 -> (each row's argmax, lowest id on ties [B] int64; all its logits finite [B] bool)
+    greedy_pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
     def __deepcopy__(self, memo: dict) -> FusedOps:
         return self  # stateless; models holding it can be deep-copied
@@ -53,4 +56,5 @@ def load_fused_ops() -> FusedOps | None:
         add_rms_norm_=ops.add_rms_norm_.default,
         qk_norm_rope=ops.qk_norm_rope.default,
         silu_mul=ops.silu_mul.default,
+        greedy_pick=ops.greedy_pick.default,
     )
