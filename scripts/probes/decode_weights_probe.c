@@ -19,11 +19,6 @@
 
 enum { ROUNDS = 9, LAYERS = 28 };
 
-typedef struct {
-  int64_t n, k;
-  const uint16_t* w;
-} Matrix;
-
 // out[i] = w[i, :] . x; C rows a group; packed: the group's rows interleaved 64 bytes at a time
 static void gemv(const Matrix* m, const uint16_t* x, float* out, int C, int packed, int prefetch, int burst) {
   const int64_t n = m->n, k = m->k;
@@ -57,22 +52,10 @@ static void gemv(const Matrix* m, const uint16_t* x, float* out, int C, int pack
 }
 
 int main(void) {
-  const int64_t shapes[5][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
   Matrix mats[LAYERS * 4 + 1];
-  int nm = 0;
-  size_t total = 0;
-  for (int l = 0; l <= LAYERS; ++l)
-    for (int s = 0; s < 4; ++s) {
-      const int i = l == LAYERS ? 4 : s;
-      if (l == LAYERS && s > 0) break;
-      Matrix m = {shapes[i][0], shapes[i][1], 0};
-      const size_t bytes = (size_t)m.n * m.k * 2;
-      uint16_t* w = huge_pages(bytes, 0);
-      for (size_t j = 0; j < bytes / 2; ++j) w[j] = 0x3f80;
-      m.w = w;
-      mats[nm++] = m;
-      total += bytes;
-    }
+  size_t layer_bytes, head_bytes;
+  const int nm = step_matrices(mats, &layer_bytes, &head_bytes);
+  const size_t total = layer_bytes + head_bytes;
   uint16_t* x = huge_pages(3072 * 2, 0);
   for (int j = 0; j < 3072; ++j) x[j] = 0x3f80;
   float* out = huge_pages(151936 * 4, 0);

@@ -98,3 +98,32 @@ static inline void time_modes(probe_pass pass, void* ctx, const char* const* nam
     printf("%s%-24s median %.1f GB/s (best %.1f)\n", prefix, names[m], bytes / t[m][rounds / 2] / 1e9, bytes / t[m][0] / 1e9);
   }
 }
+
+// One bf16 weight matrix of a decode step: n rows of k values.
+typedef struct {
+  int64_t n, k;
+  const uint16_t* w;
+} Matrix;
+
+// The matrices one Qwen3-0.6B decode step streams, in order: 28 layers of qkv [4096, 1024], o [1024,
+// 2048], gate_up [6144, 1024], down [1024, 3072], then lm_head [151936, 1024], each on huge pages and
+// filled with bf16 1.0. mats: room for 28 * 4 + 1. Returns how many; *layer_bytes, *head_bytes: the
+// bytes of the 112 layer matrices and of the lm_head.
+enum { STEP_LAYERS = 28 };
+static inline int step_matrices(Matrix* mats, size_t* layer_bytes, size_t* head_bytes) {
+  const int64_t shapes[5][2] = {{4096, 1024}, {1024, 2048}, {6144, 1024}, {1024, 3072}, {151936, 1024}};
+  int nm = 0;
+  *layer_bytes = *head_bytes = 0;
+  for (int l = 0; l <= STEP_LAYERS; ++l)
+    for (int s = 0; s < (l == STEP_LAYERS ? 1 : 4); ++s) {
+      const int i = l == STEP_LAYERS ? 4 : s;
+      Matrix m = {shapes[i][0], shapes[i][1], 0};
+      const size_t bytes = (size_t)m.n * m.k * 2;
+      uint16_t* w = huge_pages(bytes, 0);
+      for (size_t j = 0; j < bytes / 2; ++j) w[j] = 0x3f80;
+      m.w = w;
+      mats[nm++] = m;
+      *(l == STEP_LAYERS ? head_bytes : layer_bytes) += bytes;
+    }
+  return nm;
+}
