@@ -83,14 +83,11 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32
         if self.fault_hook is not None:
             self.fault_hook("logits", logits)
+        # plain greedy rows: every argmax and the finiteness check in one pass, where the backend can
         picked = self.backend.greedy_pick(logits) if plain_greedy(rows) else None
-        if picked is not None:  # every row's argmax and the finiteness check in one pass
-            bad = [j for j, ok in enumerate(picked[1].tolist()) if not ok]  # [F] rows
-        elif bool(torch.isfinite(logits.sum())):
-            bad = []
-        else:
-            bad = (~torch.isfinite(logits).all(dim=-1)).nonzero().flatten().tolist()
-        for j in bad:  # a row holding NaN or inf is not sampled
+        finite = picked[1].tolist() if picked is not None else _finite_rows(logits)
+        bad = [j for j, ok in enumerate(finite) if not ok]  # rows holding NaN or inf: not sampled
+        for j in bad:
             failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
         if picked is not None:
             out = SamplerOutput(token_ids=picked[0].tolist(), logprobs=None, top_logprobs=None)
@@ -134,3 +131,10 @@ class ModelRunner:
                     entry.setdefault(tid, value)
                 entries.append(entry)
         return entries
+
+
+def _finite_rows(logits: torch.Tensor) -> list[bool]:
+    """logits [S, V] -> whether each row's values are all finite (one sum when they all are)."""
+    if bool(torch.isfinite(logits.sum())):
+        return [True] * logits.shape[0]
+    return torch.isfinite(logits).all(dim=-1).tolist()

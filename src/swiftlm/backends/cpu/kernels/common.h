@@ -1,5 +1,6 @@
 // What the CPU kernels share: the rounding of float32 to bf16 (one rule), e^x and 2^x on 16 lanes
-// (one approximation), 16-lane loads and stores of float32 and bf16 rows, and op registration.
+// (one approximation), 16-lane loads and stores of float32 and bf16 rows, op registration, and the
+// check of a paged attention's block tables.
 //
 // build.py hashes the local headers that a .cpp includes, one level deep, so every .cpp that uses
 // this header, directly or through another header of this folder, includes it itself.
@@ -187,5 +188,19 @@ inline void def_cpu(torch::Library& lib, const char* schema, Fn* kernel) {
 // a bf16 tensor's data as bits, to read and to write (the caller has checked the dtype)
 inline const uint16_t* bf16_in(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); }
 inline uint16_t* bf16_out(const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+// ---- a paged attention's block tables [B, max_blocks] and seq_lens [B] (int64), against a pool of
+// n_blocks blocks of bs tokens: each length fits its table, and each block it reaches is in the
+// pool. `who` prefixes the errors. ----
+inline void check_block_tables(const int64_t* tab, int64_t max_blocks, const int64_t* lens, int64_t batch, int64_t bs,
+                               int64_t n_blocks, const char* who) {
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, who, "seq_lens[", b, "] = ", lens[b],
+                " does not fit in ", max_blocks, " blocks of ", bs);
+    for (int64_t i = 0, nb = (lens[b] + bs - 1) / bs; i < nb; ++i)
+      TORCH_CHECK(tab[b * max_blocks + i] >= 0 && tab[b * max_blocks + i] < n_blocks, who, "block_tables[", b, ", ", i,
+                  "] = ", tab[b * max_blocks + i], " is outside the pool of ", n_blocks, " blocks");
+  }
+}
 
 }  // namespace swiftlm_cpu

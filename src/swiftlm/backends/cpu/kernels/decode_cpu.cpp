@@ -227,14 +227,7 @@ Tensor decode_layers(Tensor& residual, const Tensor& h_in, const Tensor& positio
   const int64_t* tab = tables.data_ptr<int64_t>();
   const int64_t* lens = lens_t.data_ptr<int64_t>();
   const int64_t max_blocks = tables.size(1), n_blocks = k_pools[0].size(0), bs = k_pools[0].size(1);
-  for (int64_t b = 0; b < t; ++b) {
-    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, "swiftlm_decode.decode_layers: seq_lens[", b, "] = ",
-                lens[b], " does not fit in ", max_blocks, " blocks of ", bs);
-    for (int64_t i = 0, nb = (lens[b] + bs - 1) / bs; i < nb; ++i)
-      TORCH_CHECK(tab[b * max_blocks + i] >= 0 && tab[b * max_blocks + i] < n_blocks,
-                  "swiftlm_decode.decode_layers: block_tables[", b, ", ", i, "] = ", tab[b * max_blocks + i],
-                  " is outside the pool of ", n_blocks, " blocks");
-  }
+  swiftlm_cpu::check_block_tables(tab, max_blocks, lens, t, bs, n_blocks, "swiftlm_decode.decode_layers: ");
 
   // the step's buffers, reused by every layer
   const auto opts = h_in.options();

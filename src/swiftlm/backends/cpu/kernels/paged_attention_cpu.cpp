@@ -1349,13 +1349,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q_in, const at::Tensor& k_po
   const int64_t* lens = lens_t.data_ptr<int64_t>();
   const int64_t max_blocks = tables.size(1);
   const int64_t* tab = tables.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * bs, "seq_lens[", b, "] = ", lens[b],
-                " does not fit in ", max_blocks, " blocks of ", bs);
-    for (int64_t i = 0, nb = (lens[b] + bs - 1) / bs; i < nb; ++i)
-      TORCH_CHECK(tab[b * max_blocks + i] >= 0 && tab[b * max_blocks + i] < N, "block_tables[", b, ", ", i,
-                  "] = ", tab[b * max_blocks + i], " is outside the pool of ", N, " blocks");
-  }
+  swiftlm_cpu::check_block_tables(tab, max_blocks, lens, B, bs, N, "");
 
   at::Tensor out = at::empty({B, Hq, D}, q.options());
   decode_attention_into(q, k_pool, v_pool, tab, max_blocks, lens, scale,
