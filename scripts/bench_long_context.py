@@ -29,8 +29,8 @@ Blocks are shuffled by default (the worst case of a long-lived server); ``--bloc
 gives the request ascending block ids, as a fresh pool hands them out, and ``descending`` descending
 ones (the pool frees a finished request's blocks tail first, so the next request would get its run of
 ids backwards if the pool handed them out in queue order). Several orders (``--block-order sequential
-shuffled``) or block sizes (``--block-sizes 16 64``) compare in the same interleaved run. A
-memory-bandwidth probe brackets each round.
+shuffled``) or block sizes (``--block-sizes 16 64``; by default the backend's for each dtype, as the
+engine takes it) compare in the same interleaved run. A memory-bandwidth probe brackets each round.
 Prints one markdown table and the ratios the long-context issue asks for; ``--json`` writes all.
 """
 
@@ -135,8 +135,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--block-order", nargs="+", choices=ORDERS, default=["shuffled"],
                     help="the request's block ids: shuffled, or ascending as a fresh pool allocates them")
-    ap.add_argument("--block-sizes", type=int, nargs="+", default=[16],
-                    help="KV cache block sizes (tokens) to compare, each with its own caches")
+    ap.add_argument("--block-sizes", nargs="+", default=["default"],
+                    help="KV cache block sizes (tokens) to compare, each with its own caches; 'default': the "
+                         "backend's for each dtype, as the engine takes it (16; 32 for the 8-bit caches on a CPU)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -149,18 +150,19 @@ def main() -> None:
     # fresh pool hands them out (ascending; a request's blocks freed together are evicted together)
     points: dict[tuple[int, str, tuple[int, str]], Point] = {}
     combos = [(bs, order) for bs in args.block_sizes for order in args.block_order]
-    for bs in args.block_sizes:
-        n_blocks = -(-max_ctx // bs) + 2
-        tables = {"shuffled": torch.randperm(n_blocks - 1, generator=g) + 1,
-                  "sequential": torch.arange(n_blocks - 1) + 1,
-                  "descending": torch.arange(n_blocks - 1, 0, -1)}
+    for size in args.block_sizes:
         for name in args.kv_cache_dtypes:
+            bs = engine.backend.default_block_size(kv_format(name)) if size == "default" else int(size)
+            n_blocks = -(-max_ctx // bs) + 2
+            tables = {"shuffled": torch.randperm(n_blocks - 1, generator=g) + 1,
+                      "sequential": torch.arange(n_blocks - 1) + 1,
+                      "descending": torch.arange(n_blocks - 1, 0, -1)}
             cache = engine.backend.allocate_kv_cache(cfg, n_blocks, bs, torch.bfloat16, kv_format(name))
             fill(cache, n_blocks * bs, g)
             attention = engine.backend.attention(cache)
             for ctx in args.contexts:
                 for order in args.block_order:
-                    points[(ctx, name, (bs, order))] = Point(llm, cache, attention, ctx, tables[order])
+                    points[(ctx, name, (size, order))] = Point(llm, cache, attention, ctx, tables[order])
     weight_bytes = streamed_weight_bytes(engine)
     probe = BandwidthProbe()
     short = min(args.contexts)
@@ -189,7 +191,8 @@ def main() -> None:
             at = [statistics.median(x) for x in attn]
             at_py = [statistics.median(x) for x in attn_py]
             weights_gbs = weight_bytes / (st[i0] - at[i0]) / 1e9
-            rounds.append({"round": rep, "kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1],
+            rounds.append({"round": rep, "kv_cache_dtype": name, "block_size": pts[0].cache.block_size,
+                           "block_sizes_arg": combo[0], "block_order": combo[1],
                            "bandwidth_gb_s": gbs, "weights_gb_s": weights_gbs,
                            "contexts": {ctx: {"step_s": st[i], "attention_s": at[i], "attention_py_s": at_py[i],
                                               "kv_share": pts[i].kv_bytes() / at[i] / 1e9 / weights_gbs,
@@ -205,7 +208,7 @@ def main() -> None:
     def med(rs: list[dict], ctx: int, key: str) -> float:
         return statistics.median(r["contexts"][ctx][key] for r in rs)
 
-    many = len(combos) > 1
+    many = True  # the block size differs by dtype by default
     lines = ["| kv cache |" + (" blocks |" if many else "") + " context | decode tok/s | step ms | attention ms (28 layers) "
              f"| K/V GB/s | of weights GB/s: all (slower, faster rounds) | K/V GB/s, Python loop "
              f"| vs context {short}: all (slower, faster) |",
@@ -213,7 +216,8 @@ def main() -> None:
     rows, out = [], []
     for combo in combos:
         for name in args.kv_cache_dtypes:
-            rs = [r for r in rounds if r["kv_cache_dtype"] == name and (r["block_size"], r["block_order"]) == combo]
+            rs = [r for r in rounds if r["kv_cache_dtype"] == name and (r["block_sizes_arg"], r["block_order"]) == combo]
+            bs = rs[0]["block_size"]
             slow, fast = halves(rs)
             for ctx in args.contexts:
                 p = points[(ctx, name, combo)]
@@ -222,16 +226,16 @@ def main() -> None:
                 kv_py_gbs = p.kv_bytes() / med(rs, ctx, "attention_py_s") / 1e9
                 share = [med(x, ctx, "kv_share") for x in (rs, slow, fast)]
                 rel = [med(x, ctx, "relative_to_short") for x in (rs, slow, fast)]
-                lines.append(f"| {name} |" + (f" {combo[0]}, {combo[1]} |" if many else "") + f" {ctx} | {1 / step_s:.1f} | "
+                lines.append(f"| {name} |" + (f" {bs}, {combo[1]} |" if many else "") + f" {ctx} | {1 / step_s:.1f} | "
                              f"{step_s * 1e3:.1f} | {attn_s * 1e3:.2f} | {kv_gbs:.1f} | "
                              f"{share[0]:.0%} ({share[1]:.0%}, {share[2]:.0%}) | {kv_py_gbs:.1f} | {rel[0]:.0%} ({rel[1]:.0%}, {rel[2]:.0%}) |")
-                out.append({"kv_cache_dtype": name, "block_size": combo[0], "block_order": combo[1], "context": ctx,
+                out.append({"kv_cache_dtype": name, "block_size": bs, "block_order": combo[1], "context": ctx,
                             "step_s": step_s, "attention_s": attn_s, "kv_bytes": p.kv_bytes(), "kv_gb_s": kv_gbs,
                             "kv_gb_s_python_loop": kv_py_gbs,
                             "kv_share": share, "relative_to_short": rel, "decode_tok_s": 1 / step_s})
             w = [statistics.median(r["weights_gb_s"] for r in x) for x in (rs, slow, fast)]
             b = [statistics.median(r["bandwidth_gb_s"] for r in x) for x in (slow, fast)]
-            rows.append(f"- {name}" + (f", blocks of {combo[0]}, {combo[1]}" if many else "") +
+            rows.append(f"- {name}" + (f", blocks of {bs}, {combo[1]}" if many else "") +
                         f": weights stream at {w[0]:.1f} GB/s ({w[1]:.1f} in the slower rounds, probe {b[0]:.1f}; "
                         f"{w[2]:.1f} in the faster, probe {b[1]:.1f}; {weight_bytes / 1e9:.2f} GB a step)")
     print("\n".join(lines))

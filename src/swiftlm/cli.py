@@ -120,7 +120,9 @@ def _add_serve(sub: Any) -> None:
     e.add_argument("--override-generation-config", metavar="JSON",
                    help='default sampling over the checkpoint\'s generation_config.json, e.g. \'{"temperature": 0.2}\'')
     e.add_argument("--max-model-len", type=int, default=8192, help="context window in tokens (default: 8192)")
-    e.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default: 16)")
+    e.add_argument("--block-size", type=int, default=None,
+                   help="KV cache block size in tokens (default: the backend's: 16; on a CPU 32 with an 8-bit "
+                        "--kv-cache-dtype)")
     e.add_argument("--kv-cache-memory", type=parse_bytes, metavar="BYTES",
                    help="KV cache size, e.g. 2GiB (default: a share of free memory)")
     e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",

@@ -128,7 +128,9 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv
 class CacheConfig:
     """The paged KV cache: block size and how much memory its pools may take."""
 
-    block_size: int = 16
+    # tokens a block holds; None: the backend's choice (Backend.default_block_size: 16, and on a CPU
+    # 32 for the 8-bit caches, so that a block's K rows span as many bytes as bf16's 16 do)
+    block_size: int | None = None
     kv_cache_memory: int | None = None  # bytes; None: a fraction of available memory
     memory_fraction: float = 0.3
     # CUDA only (vLLM's --gpu-memory-utilization): the share of the device's memory that weights and
@@ -146,7 +148,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
-        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+        if self.block_size is not None and (self.block_size <= 0 or self.block_size & (self.block_size - 1)):
             raise ConfigError(f"block_size must be a positive power of two, got {self.block_size}")
         if not 0.0 < self.memory_fraction <= 0.95:
             raise ConfigError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")

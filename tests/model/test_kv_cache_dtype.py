@@ -42,7 +42,7 @@ def oracle_outputs(tiny_tied_dir: Path, prompts: list[list[int]]) -> dict[str, l
     return out
 
 
-BATCHED, CHUNKED, PREEMPTING = {}, {"max_num_batched_tokens": 7}, {"num_blocks": 30, "max_num_batched_tokens": 64}
+BATCHED, CHUNKED, PREEMPTING = {}, {"max_num_batched_tokens": 7}, {"num_blocks": 15, "max_num_batched_tokens": 64}
 
 
 @pytest.mark.parametrize(("fmt", "engine_kwargs"), [
@@ -162,3 +162,15 @@ def test_numerical_cost_against_the_models_dtype(tiny_tied_dir: Path, tiny_untie
             print(f"{model} {dtype} {fmt} cache vs {dtype} cache: top-1 agreement {agree:.3f}, max |dlogprob| {worst:.4f}")
             if dtype == "float32":
                 assert agree >= BOUNDS[fmt][0] and worst <= BOUNDS[fmt][1], (fmt, agree, worst)
+
+
+def test_block_size_left_open_is_the_backends(tiny_tied_dir: Path) -> None:
+    """No block_size: the CPU kernels' backend takes 32 tokens for the 8-bit caches (a block's K rows
+    then span as many bytes as bf16's 16) and 16 otherwise; the plain torch backend 16; a given size
+    wins. The engine, its pools and its block manager agree."""
+    cases = [({"kv_cache_dtype": "int8"}, 32), ({"kv_cache_dtype": "fp8"}, 32), ({}, 16),
+             ({"kv_cache_dtype": "int8", "block_size": 16}, 16), ({"kv_cache_dtype": "int8", "cpu_kernels": False}, 16)]
+    for kwargs, want in cases:
+        engine = LLM(str(tiny_tied_dir), dtype="float32", num_blocks=8, **kwargs).engine
+        assert engine.cache_config.block_size == engine.kv_cache.block_size == engine.kv.block_size == want, kwargs
+        assert engine.config.cache.block_size == kwargs.get("block_size"), kwargs

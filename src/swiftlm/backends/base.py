@@ -58,6 +58,11 @@ class Backend(ABC):
     def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:
         """Transform ``model`` (in place) for this device, once, before the first step."""
 
+    def default_block_size(self, fmt: KVFormat | None) -> int:
+        """Tokens a KV block holds when the configuration leaves it open (``--block-size`` not given),
+        for a cache of ``fmt`` (None: the model's dtype). 16, vLLM's default on a GPU."""
+        return 16
+
     def allocate_kv_cache(
         self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
     ) -> KVCache:

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -123,6 +123,9 @@ class Engine:
         mcfg = self.model.config
         self.max_model_len = min(config.scheduler.max_model_len, mcfg.max_position_embeddings)
         cache = config.cache
+        if cache.block_size is None:  # the backend's choice, for this cache's format
+            cache = replace(cache, block_size=self.backend.default_block_size(kv_format(cache.kv_cache_dtype)))
+        self.cache_config = cache
         sched = config.scheduler
         useful_tokens = 2 * sched.max_num_seqs * self.max_model_len
         kv_dtype = self.model.model.embed_tokens.weight.dtype
