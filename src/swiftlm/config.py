@@ -124,12 +124,16 @@ class ModelConfig:
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype names
 
 
+DEFAULT_BLOCK_SIZE = 16  # tokens a KV block holds where nothing else chooses (vLLM's default on a GPU)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """The paged KV cache: block size and how much memory its pools may take."""
 
-    # tokens a block holds; None: the backend's choice (Backend.default_block_size: 16, and on a CPU
-    # 32 for the 8-bit caches, so that a block's K rows span as many bytes as bf16's 16 do)
+    # tokens a block holds; None: the backend's choice (Backend.default_block_size: DEFAULT_BLOCK_SIZE,
+    # and on a CPU 32 for the 8-bit caches, so that a block's K rows span as many bytes as bf16's 16 do;
+    # sized without a backend, DEFAULT_BLOCK_SIZE)
     block_size: int | None = None
     kv_cache_memory: int | None = None  # bytes; None: a fraction of available memory
     memory_fraction: float = 0.3

@@ -29,7 +29,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_the_measured_activation_peak_replaces_the_fixed_reserve(device: str) -> None:
-    cache = CacheConfig(gpu_memory_utilization=0.5)
+    cache = CacheConfig(gpu_memory_utilization=0.5, block_size=16)
     per_block = bytes_per_block(MODEL, cache.block_size, torch.bfloat16)
     measured = 3 * GIB
     n = num_blocks_for(MODEL, cache, torch.bfloat16, 1024, device, activation_bytes=measured)

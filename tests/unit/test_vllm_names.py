@@ -112,7 +112,7 @@ def test_num_blocks_on_cuda_come_from_the_share(monkeypatch: pytest.MonkeyPatch)
     total, weights = 16 * GIB, GIB
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - weights, total))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: weights)
-    cache = CacheConfig(gpu_memory_utilization=0.3)
+    cache = CacheConfig(gpu_memory_utilization=0.3, block_size=16)
     per_block = bytes_per_block(MODEL, cache.block_size, torch.bfloat16)
     n = num_blocks_for(MODEL, cache, torch.bfloat16, max_useful_tokens=1024, device="cuda:0")
     assert n == gpu_kv_budget(0.3, total, total - weights, weights) // per_block

@@ -31,7 +31,7 @@ import torch
 from swiftlm.backends.attention import PagedAttention
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.kv_quant import KVFormat
-from swiftlm.config import ModelConfig
+from swiftlm.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
 
@@ -61,7 +61,7 @@ class Backend(ABC):
     def default_block_size(self, fmt: KVFormat | None) -> int:
         """Tokens a KV block holds when the configuration leaves it open (``--block-size`` not given),
         for a cache of ``fmt`` (None: the model's dtype). 16, vLLM's default on a GPU."""
-        return 16
+        return DEFAULT_BLOCK_SIZE
 
     def allocate_kv_cache(
         self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None

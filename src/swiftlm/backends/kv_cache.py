@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from swiftlm.backends.kv_quant import KVFormat, dequantize_kv, kv_format, quantize_kv
-from swiftlm.config import CacheConfig, ModelConfig
+from swiftlm.config import DEFAULT_BLOCK_SIZE, CacheConfig, ModelConfig
 
 # Without an explicit kv_cache_memory the pool takes at most this much (about 18k tokens of
 # Qwen3-0.6B in bf16): a small model on a CPU serves far fewer tokens at once.
@@ -81,7 +81,8 @@ def num_blocks_for(
     if cache.num_blocks is not None:
         return cache.num_blocks
     budget = cache.kv_cache_memory
-    per_block = bytes_per_block(model, cache.block_size, dtype, kv_format(cache.kv_cache_dtype))
+    block_size = cache.block_size or DEFAULT_BLOCK_SIZE  # the engine passes the backend's when left open
+    per_block = bytes_per_block(model, block_size, dtype, kv_format(cache.kv_cache_dtype))
     if budget is None and device.startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
         reserve = GPU_ACTIVATION_RESERVE if activation_bytes is None else activation_bytes
@@ -89,7 +90,7 @@ def num_blocks_for(
         budget = gpu_kv_budget(utilization, total, free, torch.cuda.memory_reserved(device), reserve)
     if budget is None:
         budget = int(available_memory_bytes() * cache.memory_fraction)
-        budget = min(budget, DEFAULT_MAX_KV_BYTES, (max_useful_tokens // cache.block_size + 2) * per_block)
+        budget = min(budget, DEFAULT_MAX_KV_BYTES, (max_useful_tokens // block_size + 2) * per_block)
     n = budget // per_block
     if n < 2:
         raise ValueError(f"KV cache budget of {budget} bytes holds fewer than 2 blocks; raise kv_cache_memory")
