@@ -83,6 +83,7 @@ def workers(args: argparse.Namespace) -> list[Worker]:
         Worker("swiftlm int8", [*swift, "--quantization", "int8"], 1.0 + 4 / 1024),
         Worker("swiftlm int4", [*swift, "--quantization", "int4"], 0.5 + 4 / 64),
         Worker("swiftlm bf16 kv int8", [*swift, "--kv-cache-dtype", "int8"], 2.0),
+        Worker("swiftlm bf16 kv int8 blocks of 16", [*swift, "--kv-cache-dtype", "int8", "--block-size", "16"], 2.0),
         Worker("swiftlm bf16 kv fp8", [*swift, "--kv-cache-dtype", "fp8"], 2.0),
         Worker("transformers bf16", [py, str(WORKER), "hf", model, "--threads", str(args.threads)], 2.0),
     ]

@@ -29,6 +29,8 @@ def swiftlm_engine(args: argparse.Namespace):
 
     torch.set_num_threads(args.threads)
     extra = {"kv_cache_dtype": args.kv_cache_dtype} if args.kv_cache_dtype else {}  # older trees lack the field
+    if args.block_size:
+        extra["block_size"] = args.block_size
     if args.disable_kernels:  # the torch path for these kernels, and no oneDNN packing (older trees lack both)
         extra |= {"cpu_disable_kernels": tuple(args.disable_kernels.split(",")), "cpu_prepack": False}
     # --reuse-prompt: a prompt sent again is served from the prefix cache (only its last partial block
@@ -134,6 +136,7 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--quantization")
     parser.add_argument("--kv-cache-dtype", help="swiftlm: auto|int8|fp8|fp8_e5m2; llama: q8_0 (with --flash-attn)")
+    parser.add_argument("--block-size", type=int, help="swiftlm: KV block size in tokens (default: the engine's)")
     parser.add_argument("--disable-kernels", help="swiftlm: comma-separated CPU kernels left out (ops.KERNELS)")
     parser.add_argument("--flash-attn", action="store_true")
     parser.add_argument("--no-extra-bufts", action="store_true")
