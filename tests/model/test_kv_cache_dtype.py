@@ -80,6 +80,30 @@ def test_prefix_hits_and_session_turns_equal_cold(tiny_tied_dir: Path, fmt: str)
     assert_no_leaks(llm)
 
 
+@pytest.mark.parametrize("fmt", ["auto", "int8"])
+def test_a_hit_inside_a_block_takes_a_copy_of_it(tiny_tied_dir: Path, fmt: str) -> None:
+    """Prompts sharing 250 tokens with a finished one reuse all 250: the whole blocks, and a copy of
+    the block the shared part ends inside (values and, 8-bit, scales), its later rows overwritten by
+    their own; they answer as cold prompts do, and the copy's source is released."""
+    llm = LLM(str(tiny_tied_dir), dtype="float32", kv_cache_dtype=fmt)
+    cold = LLM(str(tiny_tied_dir), dtype="float32", kv_cache_dtype=fmt, enable_prefix_caching=False)
+    bs = llm.engine.kv.block_size
+    shared = random_prompts([250], seed=5)[0]
+    cases = [shared + t for t in random_prompts([1, 3, 30], seed=6)]
+    got = llm.generate([{"prompt_token_ids": cases[0]}], GREEDY) + llm.generate(
+        [{"prompt_token_ids": p} for p in cases[1:]], GREEDY)
+    assert 250 % bs and [o.num_cached_tokens for o in got] == [0, 250, 250]
+    assert [o.outputs[0].token_ids for o in got] == run(cold, cases)
+    assert llm.engine.kv.pending_copies == []
+    # a next turn that extends a finished prompt reuses all of it, the rows of its last, partly
+    # computed block copied too
+    first = llm.generate([{"prompt_token_ids": shared}], SamplingParams(temperature=0.0, max_tokens=1))[0]
+    turn = shared + first.outputs[0].token_ids + random_prompts([5], seed=7)[0]
+    again = llm.generate([{"prompt_token_ids": turn}], GREEDY)[0]
+    assert again.num_cached_tokens == 250 and again.outputs[0].token_ids == run(cold, [turn])[0]
+    assert_no_leaks(llm)
+
+
 @pytest.fixture(scope="module")
 def kernels() -> CpuKernels:
     loaded = CpuKernels.load()

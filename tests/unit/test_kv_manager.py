@@ -267,3 +267,53 @@ def test_admit_counts_queried_and_reused_tokens_once() -> None:
     assert (kv.prefix_cache.queries, kv.prefix_cache.hits) == (10, 0)
     run_prompt(kv, req("r2", prompt[:8] + [50, 51]))
     assert (kv.prefix_cache.queries, kv.prefix_cache.hits) == (20, 8)
+
+
+def test_admit_copies_the_block_a_hit_ends_inside() -> None:
+    kv = KVCacheManager(12, BS)
+    r1 = req("r1", list(range(10)))
+    run_prompt(kv, r1)
+    finish(kv, r1)  # blocks 1, 2 keyed (tokens 0-7), 3 partial
+    r2 = req("r2", [0, 1, 2, 3, 4, 5, 50, 51, 52])  # shares 6 tokens: block 1 and 2 rows of block 2
+    assert kv.admit(r2, 10_000, now=0.0) == 3
+    assert r2.num_computed_tokens == 6 and r2.block_ids[0] == 1 and len(r2.block_ids) == 3
+    assert kv.pending_copies == [(2, r2.block_ids[1])] and 2 not in r2.block_ids
+    assert kv.pool.ref_count(2) == 1  # the source stays out of the free queue until it is copied
+    assert r2.num_registered_blocks == 1 and kv.prefix_cache.hits == 6
+    kv.check_integrity([r2])
+    kv.copies_done()
+    assert kv.pending_copies == [] and kv.pool.ref_count(2) == 0
+    kv.check_integrity([r2])
+    r2.num_computed_tokens += 3
+    kv.register_computed(r2)  # the copy, now full of r2's own tokens, is keyed as r2's block
+    assert r2.num_registered_blocks == 2
+    assert kv.pool.key_of(r2.block_ids[1]).token_ids == (4, 5, 50, 51)
+    finish(kv, r2)
+    kv.check_integrity([])
+
+
+def test_a_finished_requests_partly_computed_block_can_be_copied() -> None:
+    kv = KVCacheManager(12, BS)
+    r1 = req("r1", list(range(10)))
+    run_prompt(kv, r1)  # 10 computed: blocks 1, 2 keyed; 2 rows of block 3
+    finish(kv, r1)
+    assert kv.pool.key_of(3).token_ids == (8, 9) and kv.pool.ref_count(3) == 0
+    # the next turn extends r1's prompt: all 10 tokens reused, 2 of them from a copy of block 3
+    r2 = req("r2", list(range(10)) + [999, 70, 71])
+    assert kv.admit(r2, 10_000, now=0.0) == 3
+    assert r2.num_computed_tokens == 10 and r2.block_ids[:2] == [1, 2]
+    assert kv.pending_copies == [(3, r2.block_ids[2])]
+    kv.copies_done()
+    kv.check_integrity([r2])
+    # a failed request's rows are not offered; nor without prefix caching
+    bad = req("bad", [5, 6, 7, 8, 9, 10])
+    run_prompt(kv, bad)
+    partial_block = bad.block_ids[1]
+    bad.error = "boom"
+    finish(kv, bad, FinishReason.ERROR)
+    assert kv.pool.key_of(partial_block) is None
+    off = KVCacheManager(12, BS, enable_prefix_caching=False)
+    r3 = req("r3", list(range(10)))
+    run_prompt(off, r3)
+    finish(off, r3)
+    assert all(off.pool.key_of(b) is None for b in range(12))

@@ -185,3 +185,29 @@ def test_register_after_a_refused_duplicate_keeps_chaining() -> None:
     assert [pool.key_of(b) is None for b in blocks] == [True, True, False]
     assert cache.match(tokens + [0], 12) == [1, 2, 5]
     pool.check_integrity()
+
+
+def test_match_partial_finds_the_longest_run_inside_a_cached_block() -> None:
+    pool = BlockPool(12)
+    cache = PrefixCache(pool, BS)
+    a = compute(cache, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks [1, 2] keyed, 3 partial
+    b = compute(cache, [1, 2, 3, 4, 5, 6, 9, 9, 9], cache.match([1, 2, 3, 4, 5], 5))  # shares block 1
+    assert a[:2] == [1, 2] and b[:2] == [1, 4]
+    hits = cache.match([1, 2, 3, 4, 5, 6, 7, 0, 0], 8)
+    assert hits == [1]
+    # both children of block 1 start 5, 6; block 2 goes on 7, 8: three tokens of it
+    assert cache.match_partial([1, 2, 3, 4, 5, 6, 7, 0, 0], hits, 8) == (2, 3)
+    assert cache.match_partial([1, 2, 3, 4, 5, 6, 9, 0, 0], hits, 8) == (4, 3)
+    assert cache.match_partial([1, 2, 3, 4, 5, 0, 0], hits, 6) == (2, 1)  # a tie: the lower id
+    # never past max_tokens, nothing when no child shares the first token, first blocks too
+    assert cache.match_partial([1, 2, 3, 4, 5, 6, 7, 8], hits, 6) == (2, 2)
+    assert cache.match_partial([1, 2, 3, 4, 0, 6, 7, 8], hits, 8) is None
+    assert cache.match_partial([1, 2, 0, 0, 0], [], 4) == (1, 2)
+    assert cache.match_partial([1, 2, 3, 4, 5], hits, 4) is None  # the hits reach max_tokens
+    # an evicted block is no longer a candidate
+    pool.free(list(reversed(a)) + list(reversed(b)))
+    pool.allocate(pool.num_free_blocks - 1)  # hands out every free block but the last freed (1)
+    pool.check_integrity()
+    assert pool.children(None) == [1] and pool.children(pool.key_of(1).hash) == []
+    assert cache.match_partial([1, 2, 3, 4, 5, 6, 7, 0], [1], 7) is None
+    assert not PrefixCache(pool, BS, enabled=False).match_partial([1, 2, 3], [], 2)

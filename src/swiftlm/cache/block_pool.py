@@ -54,6 +54,7 @@ class BlockPool:
         self._keys: list[BlockKey | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._cached: dict[int, int] = {}  # key hash -> block id
+        self._children: dict[int | None, set[int]] = {}  # parent hash -> cached blocks keyed under it
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -79,6 +80,10 @@ class BlockPool:
     def free_queue(self) -> list[int]:
         """Free blocks in the order they will be handed out (tests)."""
         return list(self._free)
+
+    def children(self, parent: int | None) -> list[int]:
+        """Cached blocks whose key's parent is ``parent`` (None: first blocks), in id order."""
+        return sorted(self._children.get(parent, ()))
 
     def lookup(self, key: BlockKey) -> int | None:
         """The block holding exactly ``key``'s contents, if it is still cached."""
@@ -125,6 +130,7 @@ class BlockPool:
             return False
         self._keys[block_id] = key
         self._cached[key.hash] = block_id
+        self._children.setdefault(key.parent, set()).add(block_id)
         return True
 
     def _drop_key(self, block_id: int) -> None:
@@ -133,6 +139,10 @@ class BlockPool:
             self._keys[block_id] = None
             if self._cached.get(key.hash) == block_id:
                 del self._cached[key.hash]
+            siblings = self._children[key.parent]
+            siblings.discard(block_id)
+            if not siblings:
+                del self._children[key.parent]
 
     def reset_cache(self) -> None:
         """Forget every cached key (blocks stay where they are)."""
@@ -150,3 +160,7 @@ class BlockPool:
             assert key is not None and key.hash == key_hash, f"block {block_id}: stale cache entry"
         keyed = sum(k is not None for k in self._keys)
         assert keyed == len(self._cached), "a block carries a key the cache does not map"
+        children = {b for blocks in self._children.values() for b in blocks}
+        assert children == set(self._cached.values()), "the parents' map and the cache disagree"
+        for parent, blocks in self._children.items():
+            assert blocks and all(self._keys[b].parent == parent for b in blocks), f"children of {parent}"

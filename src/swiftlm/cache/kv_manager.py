@@ -31,6 +31,9 @@ class KVCacheManager:
         self.prefix_cache = PrefixCache(self.pool, block_size, enable_prefix_caching)
         budget = max_session_tokens if max_session_tokens is not None else (num_blocks - 1) * block_size // 2
         self.sessions = SessionStore(self.pool, block_size, session_ttl, budget)
+        # (source, destination) blocks to copy before the next step runs: a prefix hit that ends
+        # inside a cached block takes a copy of it (its source referenced until copies_done)
+        self.pending_copies: list[tuple[int, int]] = []
 
     @property
     def usage(self) -> float:
@@ -56,16 +59,22 @@ class KVCacheManager:
         if request.session_id is not None and reuse:
             session_tokens, session_blocks = self.sessions.reusable(request.session_id, tokens, now)
         hits = self.prefix_cache.match(tokens, len(tokens) - 1) if reuse else []
-        use_session = session_tokens > 0 and session_tokens >= len(hits) * bs
-        reused = session_tokens if use_session else len(hits) * bs
+        # the rest of a hit that ends inside a cached block: a copy of that block
+        partial = self.prefix_cache.match_partial(tokens, hits, len(tokens) - 1) if reuse else None
+        cached = len(hits) * bs + (partial[1] if partial is not None else 0)
+        use_session = session_tokens > 0 and session_tokens >= cached
+        if use_session:
+            partial = None
+        reused = session_tokens if use_session else cached
         num_new = min(len(tokens) - reused, token_budget)
         held = session_blocks if use_session else len(hits)
         need = blocks_for(reused + num_new, bs) - held
         keep = request.session_id if use_session else None
-        short = need + (0 if use_session else self._free_hits(hits)) - self.pool.num_free_blocks
-        if short > 0 and self._releasable(keep, [] if use_session else hits) < short:
+        taken = [] if use_session else hits + ([partial[0]] if partial is not None else [])
+        short = need + self._free_hits(taken) - self.pool.num_free_blocks
+        if short > 0 and self._releasable(keep, taken) < short:
             return 0  # releasing every idle session would not make room: keep them
-        while self.pool.num_free_blocks < need + (0 if use_session else self._free_hits(hits)):
+        while self.pool.num_free_blocks < need + self._free_hits(taken):
             if not self.sessions.release_oldest(exclude=keep):
                 return 0
         if use_session:
@@ -87,8 +96,17 @@ class KVCacheManager:
         request.num_computed_tokens = reused
         self.prefix_cache.queries += len(tokens)
         self.prefix_cache.hits += reused
+        if partial is not None:
+            self.pool.ref([partial[0]])  # kept from eviction until its copy is made
         request.block_ids.extend(self.pool.allocate(need))
+        if partial is not None:
+            self.pending_copies.append((partial[0], request.block_ids[len(hits)]))
         return num_new
+
+    def copies_done(self) -> None:
+        """The pending copies are made: release their sources."""
+        self.pool.free([src for src, _ in self.pending_copies])
+        self.pending_copies = []
 
     def _free_hits(self, hits: list[int]) -> int:
         """Hit blocks now in the free queue: taking them shrinks the free queue too."""
@@ -148,13 +166,21 @@ class KVCacheManager:
             )
             request.block_ids = []
         else:
+            if request.error is None:  # its computed rows of a last, partial block: a later prompt may copy them
+                self.prefix_cache.register_partial(
+                    request.all_token_ids, request.block_ids, request.num_computed_tokens,
+                    request.num_registered_blocks, request.last_block_hash,
+                )
             self.free(request)
 
     def check_integrity(self, requests: list[Request]) -> None:
-        """Every reference is accounted for by a live request, a session or the null block."""
+        """Every reference is accounted for by a live request, a session, a pending copy's source or
+        the null block."""
         self.pool.check_integrity()
         expected = [0] * self.pool.num_blocks
         expected[0] = 1
+        for src, _ in self.pending_copies:
+            expected[src] += 1
         for r in requests:
             for b in r.block_ids:
                 expected[b] += 1

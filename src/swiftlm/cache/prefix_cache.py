@@ -1,4 +1,5 @@
-"""Prefix cache: reuse the KV of full blocks whose token history matches a new prompt.
+"""Prefix cache: reuse the KV of full blocks whose token history matches a new prompt, and of the
+block a match ends inside (a copy of it: ``match_partial``).
 
 Block ``i`` of a sequence covers tokens ``[i * block_size, (i + 1) * block_size)``. Its key is
 chained over every earlier block, so equal keys mean equal histories, confirmed by token ids:
@@ -56,6 +57,43 @@ class PrefixCache:
             hits.append(block_id)
             parent = key.hash
         return hits
+
+    def match_partial(self, token_ids: Sequence[int], hits: Sequence[int], max_tokens: int) -> tuple[int, int] | None:
+        """A cached block that continues ``hits`` (``match``'s result) with the longest run of this
+        prompt's next tokens, short of a whole block: ``(block id, tokens)``, or None when none shares
+        its first token. Its first ``tokens`` rows are this prompt's next ones, so a copy of the block
+        saves computing them (the copy's later rows are overwritten). Like ``match``, never past
+        ``max_tokens``."""
+        if not self.enabled:
+            return None
+        lo = len(hits) * self.block_size
+        want = token_ids[lo : min(max_tokens, lo + self.block_size)]
+        if not want:
+            return None
+        parent = self.pool.key_of(hits[-1]).hash if hits else None
+        best: tuple[int, int] | None = None
+        for block_id in self.pool.children(parent):
+            have = self.pool.key_of(block_id).token_ids
+            n = 0
+            while n < len(want) and n < len(have) and have[n] == want[n]:  # a partly computed block: fewer
+                n += 1
+            if n > 0 and (best is None or n > best[1]):
+                best = (block_id, n)
+        return best
+
+    def register_partial(
+        self, token_ids: Sequence[int], block_ids: Sequence[int], num_computed: int, num_registered: int,
+        last_hash: int | None,
+    ) -> None:
+        """Key a finished request's last block when it is partly computed (its whole blocks keyed
+        before it), under its computed tokens: never a ``match`` hit (no whole block has those
+        tokens), a ``match_partial`` candidate until the block is handed out again. A conversation's
+        next turn, which extends this one's text, then copies those rows instead of computing them."""
+        full, rows = divmod(num_computed, self.block_size)
+        if not self.enabled or rows == 0 or num_registered != full or len(block_ids) <= full:
+            return
+        lo = full * self.block_size
+        self.pool.cache(block_ids[full], BlockKey.of(last_hash, tuple(token_ids[lo : lo + rows])))
 
     def register(
         self,

@@ -173,7 +173,8 @@ class CpuBackend(Backend):
         (and V) rows as one run, and on a CPU a run of 16 KB (16 tokens of Qwen3-0.6B's 8-bit rows)
         streams from memory slower than one of 32 KB once blocks are scattered over the pool: int8 K/V
         read 1.10-1.28x faster in blocks of 32 at 2,048-32,768 tokens on shuffled blocks, and alike on
-        ascending ones (BENCHMARKS.md). vLLM's CPU backend defaults to 128 for every cache."""
+        ascending ones (BENCHMARKS.md). vLLM's CPU backend defaults to 128 for every cache. Prefix
+        reuse is exact to the token whatever the size (the block a match ends inside is copied)."""
         return 16 if fmt is None else 32
 
     def allocate_kv_cache(
