@@ -67,7 +67,8 @@ def test_prefix_hits_and_session_turns_equal_cold(tiny_tied_dir: Path, fmt: str)
     cases = [system + t for t in random_prompts([1, 9, 40], seed=4)]
     got = llm.generate([{"prompt_token_ids": cases[0]}], GREEDY) + llm.generate(
         [{"prompt_token_ids": p} for p in cases[1:]], GREEDY)
-    assert [o.num_cached_tokens for o in got] == [0, 192, 192]
+    # all 200 shared tokens: 6 whole blocks of 32, and 8 rows of a copy of the first prompt's 7th block
+    assert llm.engine.kv.block_size == 32 and [o.num_cached_tokens for o in got] == [0, 200, 200]
     assert [o.outputs[0].token_ids for o in got] == run(cold, cases)
     # a session's second turn computes only its new tokens and answers as a fresh prompt does
     messages = [{"role": "system", "content": "Be brief. " * 30}, {"role": "user", "content": "Hi"}]

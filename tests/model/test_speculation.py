@@ -212,7 +212,9 @@ def test_sampled_distribution_is_kept(base_tied: LLM, spec_tied: LLM, monkeypatc
             seen[tuple(out)] = seen.get(tuple(out), 0) + 1
         counts.append(seen)
     drafts, drafted, accepted = (a - b for a, b in zip(spec_counts(spec_tied), before, strict=True))
-    assert drafts >= n and 0.2 * drafted < accepted < 0.9 * drafted  # acceptance happened and mattered
+    # most requests drafted (one draft each at most: max_tokens 3; a step at a batch size not yet
+    # timed plain goes without) and acceptance happened and mattered
+    assert drafts >= 0.8 * n and 0.2 * drafted < accepted < 0.9 * drafted
     pairs = sorted(counts[0].keys() | counts[1].keys())
     table = torch.tensor([[c.get(k, 0) for k in pairs] for c in counts], dtype=torch.float64)  # [2, C]
     expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
