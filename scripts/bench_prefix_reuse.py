@@ -1,13 +1,15 @@
-"""Time to first token of a chat's next turn without a session, per KV block size.
+"""Time to first token of a chat's next turn without a session: prefix reuse exact to the token
+against whole blocks only, per KV block size.
 
     OMP_NUM_THREADS=2 OMP_PROC_BIND=close OMP_PLACES=cores .venv/bin/python scripts/bench_prefix_reuse.py \\
         models/qwen3-0.6b-random --kv-cache-dtype int8 --block-sizes 16 32
 
 A client that keeps no session sends the whole history again each turn (the openai SDK does): the
-engine then reuses what its prefix cache holds of it. Per case, one engine per block size computes a
-prompt of 300-369 tokens (one token generated), then the same prompt with ``--new`` tokens more:
-the second request's time to first token is timed, the block sizes alternating which goes first.
-Prints medians and the per-case ratio to the first block size.
+engine then reuses what its prefix cache holds of it. Per case, every engine computes a prompt of
+300 + 6 x case tokens (one token generated), then the same prompt with ``--new`` tokens more, whose
+time to first token is timed; the engines take turns, the order alternating. "whole blocks" is the
+same engine with the copy of the block a match ends inside turned off (reuse stops at the last whole
+block, as vLLM's prefix cache does). Prints medians and the share of the earlier prompt reused.
 """
 
 from __future__ import annotations
@@ -30,30 +32,35 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=12)
     args = ap.parse_args()
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    engines = {bs: LLM(args.model, dtype="bfloat16", kv_cache_dtype=args.kv_cache_dtype, block_size=bs,
-                       kv_cache_memory=1 << 30) for bs in args.block_sizes}
+    engines: dict[str, LLM] = {}
+    for bs in args.block_sizes:
+        for reuse in ("exact", "whole blocks"):
+            llm = LLM(args.model, dtype="bfloat16", kv_cache_dtype=args.kv_cache_dtype, block_size=bs,
+                      kv_cache_memory=1 << 30)
+            if reuse == "whole blocks":
+                llm.engine.kv.prefix_cache.match_partial = lambda *a, **k: None  # this engine only
+            engines[f"blocks of {bs}, {reuse}"] = llm
     g = torch.Generator().manual_seed(1)
-    ttft: dict[int, list[float]] = {bs: [] for bs in args.block_sizes}
-    cached: dict[int, list[int]] = {bs: [] for bs in args.block_sizes}
+    ttft: dict[str, list[float]] = {name: [] for name in engines}
+    share: dict[str, list[float]] = {name: [] for name in engines}
+    names = list(engines)
     for case in range(args.cases):
-        first = torch.randint(0, 150000, (300 + case * 6,), generator=g).tolist()
+        first = torch.randint(0, 150000, (300 + 6 * case,), generator=g).tolist()
         turn = first + torch.randint(0, 150000, (args.new,), generator=g).tolist()
-        order = args.block_sizes if case % 2 == 0 else args.block_sizes[::-1]
-        for bs in order:
-            llm = engines[bs]
+        for name in names if case % 2 == 0 else names[::-1]:
+            llm = engines[name]
             llm.generate([{"prompt_token_ids": first}], one)
             t0 = time.perf_counter()
             for out in llm.stream({"prompt_token_ids": turn}, one):
                 if out.outputs and out.outputs[0].token_ids:
-                    ttft[bs].append(time.perf_counter() - t0)
-                    cached[bs].append(out.num_cached_tokens)
+                    ttft[name].append(time.perf_counter() - t0)
+                    share[name].append(out.num_cached_tokens / len(first))
                     break
-    base = args.block_sizes[0]
-    for bs in args.block_sizes:
-        ratio = statistics.median(b / a for a, b in zip(ttft[base], ttft[bs], strict=True))
-        reused = statistics.mean(c / (300 + i * 6) for i, c in enumerate(cached[bs]))
-        print(f"blocks of {bs}: next turn's TTFT median {statistics.median(ttft[bs]) * 1e3:.1f} ms "
-              f"(x{ratio:.3f} of blocks of {base}), {reused:.1%} of the earlier prompt reused")
+    print(f"next turn of {args.new} new tokens after a {args.kv_cache_dtype} prompt of 300-{300 + 6 * (args.cases - 1)}, "
+          f"{args.cases} cases")
+    for name in names:
+        print(f"- {name}: TTFT median {statistics.median(ttft[name]) * 1e3:.1f} ms, "
+              f"{statistics.mean(share[name]):.1%} of the earlier prompt reused")
 
 
 if __name__ == "__main__":

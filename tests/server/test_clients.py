@@ -76,7 +76,8 @@ def test_repeated_prompt_reports_its_cached_tokens(server) -> None:
     first = client.chat.completions.create(**kwargs)
     prompt_tokens = first.usage.prompt_tokens
     assert prompt_tokens > 2 * block_size  # at least two whole blocks to reuse
-    assert first.usage.prompt_tokens_details.cached_tokens == 0  # no earlier prompt starts like this one
+    # earlier prompts share at most the chat template's opening tokens with this one
+    assert first.usage.prompt_tokens_details.cached_tokens < block_size
     parts = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
     usage = parts[-1].usage
     assert usage.prompt_tokens == prompt_tokens
