@@ -208,6 +208,19 @@ def test_match_partial_finds_the_longest_run_inside_a_cached_block() -> None:
     pool.free(list(reversed(a)) + list(reversed(b)))
     pool.allocate(pool.num_free_blocks - 1)  # hands out every free block but the last freed (1)
     pool.check_integrity()
-    assert pool.children(None) == [1] and pool.children(pool.key_of(1).hash) == []
+    assert pool.children(None, (1,)) == [1] and pool.children(pool.key_of(1).hash, (5,)) == []
     assert cache.match_partial([1, 2, 3, 4, 5, 6, 7, 0], [1], 7) is None
     assert not PrefixCache(pool, BS, enabled=False).match_partial([1, 2, 3], [], 2)
+
+
+def test_match_partial_needs_the_pools_child_head() -> None:
+    """Candidates are indexed by their first ``child_head`` tokens: a run shorter than that is not
+    looked for (the engine's pools take a quarter block)."""
+    pool = BlockPool(12, child_head=2)
+    cache = PrefixCache(pool, BS)
+    compute(cache, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert pool.children(None, (1, 2)) == [1] and pool.children(pool.key_of(1).hash, (5, 6)) == [2]
+    assert cache.match_partial([1, 2, 3, 4, 5, 6, 0, 0], [1], 7) == (2, 2)
+    assert cache.match_partial([1, 2, 3, 4, 5, 0, 0, 0], [1], 7) is None  # one shared token
+    assert cache.match_partial([1, 2, 3, 4, 5, 6], [1], 5) is None  # one token left before max_tokens
+    pool.check_integrity()

@@ -45,7 +45,9 @@ class BlockKey:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, child_head: int = 1) -> None:
+        """``child_head``: the tokens of a key that index it among its parent's children (a
+        partial match must share at least as many)."""
         if num_blocks < 2:
             raise ValueError("a block pool needs at least 2 blocks (block 0 is the null block)")
         self.num_blocks = num_blocks
@@ -54,7 +56,11 @@ class BlockPool:
         self._keys: list[BlockKey | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._cached: dict[int, int] = {}  # key hash -> block id
-        self._children: dict[int | None, set[int]] = {}  # parent hash -> cached blocks keyed under it
+        # (parent hash, first tokens) -> cached blocks keyed under that parent starting with them: the
+        # candidates for a prompt's next tokens are only those sharing its first ones (a pool of a
+        # million blocks holds ~as many first blocks under the one parent None)
+        self._children: dict[tuple[int | None, tuple[int, ...]], set[int]] = {}
+        self.child_head = child_head
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -81,9 +87,10 @@ class BlockPool:
         """Free blocks in the order they will be handed out (tests)."""
         return list(self._free)
 
-    def children(self, parent: int | None) -> list[int]:
-        """Cached blocks whose key's parent is ``parent`` (None: first blocks), in id order."""
-        return sorted(self._children.get(parent, ()))
+    def children(self, parent: int | None, head: tuple[int, ...]) -> list[int]:
+        """Cached blocks whose key's parent is ``parent`` (None: first blocks) and whose tokens start
+        with ``head`` (``child_head`` tokens, fewer for keys that hold fewer), in id order."""
+        return sorted(self._children.get((parent, head), ()))
 
     def lookup(self, key: BlockKey) -> int | None:
         """The block holding exactly ``key``'s contents, if it is still cached."""
@@ -130,8 +137,12 @@ class BlockPool:
             return False
         self._keys[block_id] = key
         self._cached[key.hash] = block_id
-        self._children.setdefault(key.parent, set()).add(block_id)
+        self._children.setdefault(self._child_slot(key), set()).add(block_id)
         return True
+
+    def _child_slot(self, key: BlockKey) -> tuple[int | None, tuple[int, ...]]:
+        """Where ``key`` is found among its parent's children: the parent and its first tokens."""
+        return key.parent, key.token_ids[: self.child_head]
 
     def _drop_key(self, block_id: int) -> None:
         key = self._keys[block_id]
@@ -139,10 +150,11 @@ class BlockPool:
             self._keys[block_id] = None
             if self._cached.get(key.hash) == block_id:
                 del self._cached[key.hash]
-            siblings = self._children[key.parent]
+            slot = self._child_slot(key)
+            siblings = self._children[slot]
             siblings.discard(block_id)
             if not siblings:
-                del self._children[key.parent]
+                del self._children[slot]
 
     def reset_cache(self) -> None:
         """Forget every cached key (blocks stay where they are)."""
@@ -162,5 +174,5 @@ class BlockPool:
         assert keyed == len(self._cached), "a block carries a key the cache does not map"
         children = {b for blocks in self._children.values() for b in blocks}
         assert children == set(self._cached.values()), "the parents' map and the cache disagree"
-        for parent, blocks in self._children.items():
-            assert blocks and all(self._keys[b].parent == parent for b in blocks), f"children of {parent}"
+        for slot, blocks in self._children.items():
+            assert blocks and all(self._child_slot(self._keys[b]) == slot for b in blocks), f"children of {slot}"

@@ -27,7 +27,9 @@ class KVCacheManager:
         max_session_tokens: int | None = None,
     ) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        # a partial match shares at least a quarter of a block: the children of a parent are indexed
+        # by that many first tokens (under the parent None, one per cached conversation otherwise)
+        self.pool = BlockPool(num_blocks, child_head=max(1, block_size // 4))
         self.prefix_cache = PrefixCache(self.pool, block_size, enable_prefix_caching)
         budget = max_session_tokens if max_session_tokens is not None else (num_blocks - 1) * block_size // 2
         self.sessions = SessionStore(self.pool, block_size, session_ttl, budget)

@@ -61,18 +61,19 @@ class PrefixCache:
     def match_partial(self, token_ids: Sequence[int], hits: Sequence[int], max_tokens: int) -> tuple[int, int] | None:
         """A cached block that continues ``hits`` (``match``'s result) with the longest run of this
         prompt's next tokens, short of a whole block: ``(block id, tokens)``, or None when none shares
-        its first token. Its first ``tokens`` rows are this prompt's next ones, so a copy of the block
+        its first ``pool.child_head`` tokens. Its first ``tokens`` rows are this prompt's next ones, so a copy of the block
         saves computing them (the copy's later rows are overwritten). Like ``match``, never past
         ``max_tokens``."""
         if not self.enabled:
             return None
         lo = len(hits) * self.block_size
         want = token_ids[lo : min(max_tokens, lo + self.block_size)]
-        if not want:
-            return None
+        head = tuple(want[: self.pool.child_head])
+        if len(head) < self.pool.child_head:
+            return None  # fewer tokens left than a key's head
         parent = self.pool.key_of(hits[-1]).hash if hits else None
         best: tuple[int, int] | None = None
-        for block_id in self.pool.children(parent):
+        for block_id in self.pool.children(parent, head):
             have = self.pool.key_of(block_id).token_ids
             n = 0
             while n < len(want) and n < len(have) and have[n] == want[n]:  # a partly computed block: fewer
