@@ -107,8 +107,9 @@ class KVCacheManager:
 
     def copies_done(self) -> None:
         """The pending copies are made: release their sources."""
-        self.pool.free([src for src, _ in self.pending_copies])
-        self.pending_copies = []
+        if self.pending_copies:
+            self.pool.free([src for src, _ in self.pending_copies])
+            self.pending_copies = []
 
     def _free_hits(self, hits: list[int]) -> int:
         """Hit blocks now in the free queue: taking them shrinks the free queue too."""

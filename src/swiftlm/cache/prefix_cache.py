@@ -78,7 +78,7 @@ class PrefixCache:
             n = 0
             while n < len(want) and n < len(have) and have[n] == want[n]:  # a partly computed block: fewer
                 n += 1
-            if n > 0 and (best is None or n > best[1]):
+            if best is None or n > best[1]:  # every candidate shares the head
                 best = (block_id, n)
         return best
 

@@ -333,8 +333,7 @@ class Engine:
         plan = self.scheduler.schedule()
         for src, dst in self.kv.pending_copies:  # prefix hits that end inside a cached block
             self.kv_cache.copy_block(src, dst)
-        if self.kv.pending_copies:
-            self.kv.copies_done()
+        self.kv.copies_done()
         touched: list[Request] = []
         for request in plan.timed_out:
             request.error = request.error or "queue_timeout"

@@ -175,7 +175,8 @@ class CpuBackend(Backend):
         read 1.10-1.28x faster in blocks of 32 at 2,048-32,768 tokens on shuffled blocks, and alike on
         ascending ones (BENCHMARKS.md). vLLM's CPU backend defaults to 128 for every cache. Prefix
         reuse is exact to the token whatever the size (the block a match ends inside is copied)."""
-        return 16 if fmt is None else 32
+        base = super().default_block_size(fmt)
+        return base if fmt is None else 2 * base
 
     def allocate_kv_cache(
         self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
