@@ -20,6 +20,8 @@ from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.kernels.amx_linear_cpu import REQUIRED_CPU_FLAGS as AMX_FLAGS
 from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import HEAD_DIMS as PREFILL_HEAD_DIMS
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import REQUIRED_CPU_FLAGS as PREFILL_FLAGS
 from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
 from swiftlm.backends.cpu.ops import KERNELS, CpuKernels
 from swiftlm.backends.torch import TorchBackend
@@ -27,7 +29,8 @@ from swiftlm.platform import cpu_flags
 from tests.conftest import make_tiny_model
 from tests.helpers.hf_reference import hf_greedy, hf_model
 
-FLOAT32_ONLY = {"bf16 GEMV", "decode layers op"}  # float32 activations: these kernels take bf16 only
+# float32 activations: these kernels take bf16 only
+FLOAT32_ONLY = {"bf16 GEMV", "decode layers op", "prefill attention"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class Shape:
     head_dim: int
     intermediate: int
     tied: bool
-    bf16_fallbacks: frozenset[str]  # the ops that must fall back in bf16 (on a CPU with every kernel)
+    shape_fallbacks: frozenset[str]  # the ops that must fall back in bf16 for the shape (on a CPU with every kernel)
 
     def config(self) -> dict:
         return {"hidden_size": self.hidden, "intermediate_size": self.intermediate, "num_hidden_layers": 2,
@@ -46,8 +49,15 @@ class Shape:
                 "head_dim": self.head_dim, "max_position_embeddings": 2048, "tie_word_embeddings": self.tied}
 
     @property
+    def bf16_fallbacks(self) -> frozenset[str]:
+        """The shape's, and the prefill kernel's where it does not run: head_dims it does not take, and
+        CPUs with AMX (torch's flash attention keeps the prefill there)."""
+        prefill = self.head_dim not in PREFILL_HEAD_DIMS or "amx_bf16" in cpu_flags()
+        return self.shape_fallbacks | ({"prefill attention"} if prefill else frozenset())
+
+    @property
     def float32_fallbacks(self) -> frozenset[str]:
-        return frozenset(FLOAT32_ONLY | ({"decode attention"} & self.bf16_fallbacks))
+        return frozenset(FLOAT32_ONLY | ({"decode attention"} & self.shape_fallbacks))
 
 
 ATTENTION, GEMV, DECODE = "decode attention", "bf16 GEMV", "decode layers op"
@@ -63,7 +73,8 @@ SHAPES = {
 }
 # each kernel and the instruction sets it needs (the fused ops need none)
 KERNEL_FLAGS = {"fused_ops": (), "gemv": GEMV_FLAGS, "attention": ATTENTION_FLAGS, "amx": AMX_FLAGS,
-                "decode_layers": (*GEMV_FLAGS, *ATTENTION_FLAGS), "quant": QUANT_FLAGS}
+                "prefill_attention": PREFILL_FLAGS, "decode_layers": (*GEMV_FLAGS, *ATTENTION_FLAGS),
+                "quant": QUANT_FLAGS}
 
 
 def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:

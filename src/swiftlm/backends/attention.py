@@ -88,6 +88,8 @@ class DenseAttention:
 
 # (q, k_pool, v_pool, block_tables, seq_lens, scale, k_scales, v_scales) -> out; scales None: unscaled pools
 DecodeKernel = Callable[..., torch.Tensor]
+# (q [T, Hq, D], k_pool, v_pool, block_table [n_blocks], seq_len, scale, k_scales, v_scales) -> [T, Hq, D]
+PrefillKernel = Callable[..., torch.Tensor]
 
 
 # With a decode kernel, a request of at most this many query rows (drafts being verified, a short
@@ -99,7 +101,9 @@ SHORT_CHUNK_ROWS = 16
 class PagedAttention:
     """Attention over the paged KV pools.
 
-    Prefill chunks gather their blocks and run SDPA. Decode requests (one query each) are
+    Prefill chunks gather their blocks and run SDPA, or, given a ``prefill_kernel`` (a paged flash
+    attention reading the pools through the block table, ``backends/cpu/kernels/prefill_attention_cpu.py``),
+    call it per chunk. Decode requests (one query each) are
     batched: through ``decode_kernel`` when one is given (a fused kernel that reads each K/V
     row once, see ``swiftlm.backends.cpu.kernels.attention_cpu``), else in plain torch as one padded SDPA
     call with a length mask (the oracle the kernel is tested against). With the kernel, a chunk of
@@ -107,15 +111,17 @@ class PagedAttention:
     sees one key more than row j - 1), so verifying a few drafts costs no gather of the context.
     """
 
-    def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None) -> None:
+    def __init__(self, kv_cache: KVCache, decode_kernel: DecodeKernel | None = None,
+                 prefill_kernel: PrefillKernel | None = None) -> None:
         self.kv_cache = kv_cache
         self.decode_kernel = decode_kernel
+        self.prefill_kernel = prefill_kernel
         # fixed for the cache's life: every layer's K and V pools and scale pools
         self._pools = (*kv_cache.pools(), *kv_cache.scale_pools())
 
     def bind(self, meta: AttentionMetadata) -> BoundPagedAttention:
         decode = _DecodeBatch.build(meta, self.kv_cache.block_size, self.decode_kernel)
-        return BoundPagedAttention(self.kv_cache, meta, decode, self._pools)
+        return BoundPagedAttention(self.kv_cache, meta, decode, self._pools, self.prefill_kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +149,14 @@ class BoundAttention(Protocol):
 class BoundPagedAttention:
     """``PagedAttention`` bound to one step: the ``Attention`` callable of the model's forward."""
 
-    __slots__ = ("kv_cache", "meta", "decode", "decode_only")
+    __slots__ = ("kv_cache", "meta", "decode", "decode_only", "prefill_kernel")
 
     def __init__(
         self, kv_cache: KVCache, meta: AttentionMetadata, decode: _DecodeBatch | None,
-        pools: tuple[list[torch.Tensor], ...],
+        pools: tuple[list[torch.Tensor], ...], prefill_kernel: PrefillKernel | None = None,
     ) -> None:
         self.kv_cache, self.meta, self.decode = kv_cache, meta, decode
+        self.prefill_kernel = prefill_kernel
         self.decode_only: DecodeOnlyStep | None = None
         if decode is not None and decode.whole_batch and decode.kernel is not None:
             k_pools, v_pools, k_scales, v_scales = pools
@@ -168,6 +175,13 @@ class BoundPagedAttention:
                 continue  # attends in the decode batch below
             lo, hi, seq_len = meta.query_start[r], meta.query_start[r + 1], meta.seq_lens[r]
             n_blocks = (seq_len + bs - 1) // bs
+            if self.prefill_kernel is not None:  # reads the pools through the table: no gather
+                k_pool, v_pool = cache.layer(layer)
+                scales = cache.layer_scales(layer)
+                k_scale, v_scale = scales if scales is not None else (None, None)
+                out[lo:hi] = self.prefill_kernel(q[lo:hi], k_pool, v_pool, meta.block_tables[r, :n_blocks], seq_len,
+                                                 q.shape[-1] ** -0.5, k_scale, v_scale)
+                continue
             k_blocks, v_blocks = cache.gather(layer, meta.block_tables[r, :n_blocks])  # [n_blocks, bs, Hkv, D]
             n_kv, d = k_blocks.shape[2], k_blocks.shape[3]
             k_ctx = k_blocks.view(-1, n_kv, d)[:seq_len]  # [seq_len, Hkv, D]

@@ -8,7 +8,8 @@ it supports, and the model's shape and dtype:
     linears      bf16: ``GemvLinear`` (GEMV / AMX kernels for decode rows, oneDNN or F.linear above);
                  int8 / int4: ``QuantLinear`` on the VNNI GEMVs; other linears: oneDNN-packed
     elementwise  the fused ops (norms, q/k norm + rotary, SiLU-multiply) through ``StepPlan``
-    attention    the paged decode kernel inside ``PagedAttention``; prefill: gather + SDPA
+    attention    the paged decode kernel inside ``PagedAttention``; prefill: the paged prefill kernel
+                 (AVX512-BF16 CPUs without AMX, bf16 models), else gather + SDPA
     decode step  every layer of a small decode-only step in one C++ call (``DecodeLayers``)
 
 An op whose kernel is missing or does not support the model runs the reference, and the reason is
@@ -34,6 +35,7 @@ from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_sup
 from swiftlm.backends.cpu.kernels.build import dtype_name
 from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
 from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import supports as prefill_supports
 from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_DENSE_BF16, RowLimits
 from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
 from swiftlm.backends.cpu.ops import CpuKernels
@@ -45,6 +47,7 @@ from swiftlm.backends.quant import quantize
 from swiftlm.backends.row_buckets import warm_row_buckets
 from swiftlm.config import ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
+from swiftlm.platform import cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ class CpuBackend(Backend):
         self.place_weights = place_weights
         self.step_plan: StepPlan | None = None
         self.decode_kernel = None  # the paged decode attention kernel, when it supports the model
+        self.prefill_kernel = None  # the paged prefill attention kernel, when it supports the model
         self.weight_arena: torch.Tensor | None = None  # keeps the placed weights alive
         self.num_kernel_linears = 0
 
@@ -132,12 +136,26 @@ class CpuBackend(Backend):
         k = self.kernels
         reason = k.missing.get("attention", "not loaded") if k.attention is None else \
             attention_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
-        if reason is None:
-            self.decode_kernel = k.attention
-            self.plan.append(f"decode attention: {attention_isa()} paged kernel; prefill: gather + SDPA")
-        else:
-            self.decode_kernel = None
+        self.decode_kernel = k.attention if reason is None else None
+        if reason is not None:
             self.fell_back("decode attention", reason)
+        self.prefill_kernel = None
+        if k.prefill_attention is None:
+            prefill_reason = k.missing.get("prefill_attention", "not loaded")
+        elif "amx_bf16" in cpu_flags():
+            # torch's CPU flash attention runs its matmuls on AMX tiles here; the kernel's vdpbf16ps
+            # was measured against it only on CPUs without AMX
+            prefill_reason = "AMX: torch's flash attention takes the prefill"
+        else:
+            prefill_reason = prefill_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
+        if prefill_reason is None:
+            self.prefill_kernel = k.prefill_attention
+        else:
+            self.fell_back("prefill attention", prefill_reason)
+        if self.decode_kernel is not None or self.prefill_kernel is not None:
+            decode = f"{attention_isa()} paged kernel" if self.decode_kernel is not None else "gather + SDPA"
+            prefill = "AVX512-BF16 paged kernel" if self.prefill_kernel is not None else "gather + SDPA"
+            self.plan.append(f"attention: decode {decode}; prefill {prefill}")
 
     def _prepare_step_plan(self, model: DecoderForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:
         k = self.kernels
@@ -186,7 +204,7 @@ class CpuBackend(Backend):
         return KVCache(model, num_blocks, block_size, dtype, "cpu", allocate=huge_page_tensors, fmt=fmt)
 
     def attention(self, kv_cache: KVCache) -> PagedAttention:
-        return PagedAttention(kv_cache, self.decode_kernel)
+        return PagedAttention(kv_cache, self.decode_kernel, self.prefill_kernel)
 
     def greedy_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         ops = self.kernels.fused_ops

@@ -18,12 +18,13 @@ from swiftlm.backends.cpu.kernels.attention_cpu import PagedDecodeAttention, loa
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
 from swiftlm.backends.cpu.kernels.decode_cpu import load_decode_layers
 from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps, load_fused_ops
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import PagedPrefillAttention, load_prefill_attention
 from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
 from swiftlm.backends.quant_ops import QuantOps
 from swiftlm.platform import cpu_flags
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KERNELS = ("fused_ops", "gemv", "amx", "attention", "decode_layers", "quant")
+KERNELS = ("fused_ops", "gemv", "amx", "attention", "prefill_attention", "decode_layers", "quant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class CpuKernels:
     gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 or AVX2 (kernels/bf16_linear_cpu.cpp)
     amx: AmxKernel | None = None  # bf16 linear for small batches, AMX, and its row capacity
     attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512 or AVX2
+    prefill_attention: PagedPrefillAttention | None = None  # paged prefill (flash) attention, AVX512-BF16
     decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
     quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
     missing: dict[str, str] = field(default_factory=dict)  # kernel -> why it is not here
@@ -65,7 +67,8 @@ class CpuKernels:
         gemv = take("gemv", load_bf16_gemv)
         amx = take("amx", load_amx_kernel)
         attention = take("attention", load_paged_attention)
+        prefill = take("prefill_attention", load_prefill_attention)
         decode = take("decode_layers", load_decode_layers)
         quant = take("quant", load_quant_kernels)
         return cls(fused_ops=fused, gemv=gemv, amx=amx,
-                   attention=attention, decode_layers=decode, quant=quant, missing=missing)
+                   attention=attention, prefill_attention=prefill, decode_layers=decode, quant=quant, missing=missing)

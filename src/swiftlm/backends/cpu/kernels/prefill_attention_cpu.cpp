@@ -1,0 +1,390 @@
+// Prefill attention over a paged KV cache on CPUs with AVX512-BF16: one request's chunk of query rows
+// (the last T of its context of L tokens, causal, bottom-right aligned) attending to its context,
+// read from the pools through its block table. prefill_attention_cpu.py has the op's contract.
+//
+//   out[r, h] = softmax(q[r, h] . K[0 .. pos(r)]^T * scale) . V[0 .. pos(r)],   pos(r) = L - T + r
+//
+// Two passes. First the context's K and V rows (any pool dtype: bf16, or 8-bit values times their
+// scales, rounded to bf16 as the torch path's dequantisation rounds them) are packed per kv head in the
+// pairs vdpbf16ps multiplies: K as [key group of 16][dim pair][16 keys] (a zmm holds one dim pair of
+// 16 keys), V as [key pair][dim] (a zmm holds 16 dims of two keys). Then tasks of (kv head, 32 query
+// rows: the GQA group's heads of 32 / G consecutive positions) walk the keys up to their last
+// position in steps of 64, as a flash attention does: scores 16 rows x 16 keys in registers (each
+// q dim pair broadcast from memory against a K vector), the causal mask, an online softmax per row in
+// the log2 domain (scale * log2(e) folded in) with float32 sums, the weights rounded to bf16 in pairs,
+// and P.V 16 rows x 16 dims in registers. Products of bf16 values are exact in float32; only the
+// order of the sums and the weights' rounding to bf16 (as torch's CPU flash attention rounds them
+// for bf16 inputs) differ from the torch path's SDPA.
+//
+// Tasks are taken longest first (the last positions see the most keys) from a shared counter, so
+// the threads of torch's intra-op pool finish together; a chunk's tasks share the packed context
+// through the caches (it is L * Hkv * D * 4 bytes: 8 MB for 2,048 tokens of Qwen3-0.6B).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+constexpr int kKeys = 16;        // keys of one score vector (a zmm of float32)
+constexpr int kStepKeys = 64;    // keys per online-softmax step
+constexpr int kRows = 16;        // query rows of one tile (the softmax's unit)
+constexpr int kHalf = 8;         // query rows of one register block (half a tile)
+constexpr int kTaskRows = 32;    // query rows of one task (two register tiles)
+
+using u16 = uint16_t;
+using u32 = uint32_t;
+
+// ---- packing: one kv head's context rows, converted to bf16 bits ----
+
+// A pool row's d values as bf16 bits into dst (8-bit pools: the values times the row's scale in
+// float32, then rounded). S: int8 or c10's float8 types.
+template <typename S>
+inline void row_bits(const S* row, float scale, int64_t d, u16* dst) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<S, int8_t>) {
+    const __m512 s = _mm512_set1_ps(scale);
+    for (; i + 16 <= d; i += 16) {
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(swiftlm_cpu::bf16_bits(_mm512_mul_ps(x, s))));
+    }
+  }
+  for (; i < d; ++i)  // int8 and c10's float8 types convert to float exactly
+    dst[i] = swiftlm_cpu::bf16_bits(static_cast<float>(row[i]) * scale);
+}
+
+// 16 x 16 words: out[i] = word i of each of the 16 rows (row j at rows[j], 16 words from there).
+inline void transpose16(const u32* const* rows, int64_t w0, __m512i* out) {
+  __m512i a[16], b[16];
+  for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_si512(rows[j] + w0);
+  for (int j = 0; j < 16; j += 2) {  // 32-bit pairs of rows j, j + 1
+    b[j] = _mm512_unpacklo_epi32(a[j], a[j + 1]);
+    b[j + 1] = _mm512_unpackhi_epi32(a[j], a[j + 1]);
+  }
+  for (int j = 0; j < 16; j += 4) {  // 64-bit quads of rows j .. j + 3
+    a[j] = _mm512_unpacklo_epi64(b[j], b[j + 2]);
+    a[j + 1] = _mm512_unpackhi_epi64(b[j], b[j + 2]);
+    a[j + 2] = _mm512_unpacklo_epi64(b[j + 1], b[j + 3]);
+    a[j + 3] = _mm512_unpackhi_epi64(b[j + 1], b[j + 3]);
+  }
+  // a[4 q + k], 128-bit lane m: words 4 m + (k's order: 0, 1, 2, 3 of the lane) of rows 4 q .. 4 q + 3
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(a[k], a[4 + k], 0x88), x1 = _mm512_shuffle_i32x4(a[k], a[4 + k], 0xDD);
+    const __m512i y0 = _mm512_shuffle_i32x4(a[8 + k], a[12 + k], 0x88), y1 = _mm512_shuffle_i32x4(a[8 + k], a[12 + k], 0xDD);
+    b[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);       // lane 0: rows 0-3, 4-7, 8-11, 12-15
+    b[8 + k] = _mm512_shuffle_i32x4(x0, y0, 0xDD);   // lane 2
+    b[4 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);   // lane 1
+    b[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xDD);  // lane 3
+  }
+  for (int i = 0; i < 16; ++i) out[i] = b[i];
+}
+
+struct Pools {
+  const void* k;
+  const void* v;
+  const float* ks;  // scale pools [N, bs, Hkv] (8-bit pools), else null
+  const float* vs;
+  int64_t k_sn, k_st, k_sh, v_sn, v_st, v_sh;  // pool strides (elements): block, token, kv head
+  const int64_t* table;
+  int64_t bs, hkv, d;
+};
+
+// Keys [16 g, 16 g + 16) of kv head h: Kp[dp][j] = (K_j[2 dp], K_j[2 dp + 1]) for the group's 16 keys,
+// Vp[p][x] = (V_{2p}[x], V_{2p+1}[x]) for its 8 key pairs; keys at or past len are zeros. S: the
+// pool's element type (u16: bf16 bits); tk, tv: scratch of 16 rows (8-bit pools' rows as bf16, zeros).
+template <typename S>
+void pack_group(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kp, u32* vp, u16* tk, u16* tv) {
+  const int64_t d = P.d;
+  const S* kpool = static_cast<const S*>(P.k);
+  const S* vpool = static_cast<const S*>(P.v);
+  const u16* kr[kKeys];
+  const u16* vr[kKeys];
+  for (int j = 0; j < kKeys; ++j) {
+    const int64_t key = g * kKeys + j;
+    if (key >= len) {
+      std::fill(tk + j * d, tk + (j + 1) * d, u16(0));
+      std::fill(tv + j * d, tv + (j + 1) * d, u16(0));
+      kr[j] = tk + j * d, vr[j] = tv + j * d;
+      continue;
+    }
+    const int64_t blk = P.table[key / P.bs], off = key % P.bs;
+    const S* krow = kpool + blk * P.k_sn + off * P.k_st + h * P.k_sh;
+    const S* vrow = vpool + blk * P.v_sn + off * P.v_st + h * P.v_sh;
+    if constexpr (std::is_same_v<S, u16>) {
+      kr[j] = krow, vr[j] = vrow;
+    } else {
+      const int64_t srow = (blk * P.bs + off) * P.hkv + h;
+      row_bits<S>(krow, P.ks[srow], d, tk + j * d);
+      row_bits<S>(vrow, P.vs[srow], d, tv + j * d);
+      kr[j] = tk + j * d, vr[j] = tv + j * d;
+    }
+  }
+  const u32* kw[kKeys];
+  for (int j = 0; j < kKeys; ++j) kw[j] = reinterpret_cast<const u32*>(kr[j]);
+  __m512i t[16];
+  for (int64_t w0 = 0; w0 < d / 2; w0 += 16) {  // d / 2 words a row, a multiple of 16
+    transpose16(kw, w0, t);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kp + (w0 + i) * kKeys, t[i]);
+  }
+  for (int p = 0; p < kKeys / 2; ++p)
+    for (int64_t x = 0; x < d; x += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr[2 * p] + x)));
+      const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vr[2 * p + 1] + x)));
+      _mm512_storeu_si512(vp + p * d + x, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+}
+
+// ---- the attention of one task ----
+
+struct Task {
+  int64_t h, p0, np;  // kv head, first chunk row, rows (positions) of the chunk it covers
+};
+
+// Scratch floats of one worker, D dims.
+inline int64_t scratch_words(int64_t d) {
+  return kTaskRows * (d / 2) + kTaskRows * kStepKeys + kTaskRows * (kStepKeys / 2) + kTaskRows * d + 3 * kTaskRows;
+}
+
+// DP = D / 2 dim pairs (32, 64 or 128).
+template <int DP>
+void run_task(const Task& t, const u16* q, int64_t hq, int64_t G, int64_t past, const u32* kp_all, const u32* vp_all,
+              int64_t groups, float scale_log2, u32* ws, u16* out) {
+  constexpr int D = 2 * DP;
+  const int64_t rows = t.np * G;  // row rho: position t.p0 + rho / G, query head t.h * G + rho % G
+  u32* qw = ws;                                          // [kTaskRows][DP]
+  float* sc = reinterpret_cast<float*>(qw + kTaskRows * DP);  // [kTaskRows][kStepKeys]
+  u32* pw = reinterpret_cast<u32*>(sc + kTaskRows * kStepKeys);  // [kTaskRows][kStepKeys / 2]
+  float* acc = reinterpret_cast<float*>(pw + kTaskRows * (kStepKeys / 2));  // [kTaskRows][D]
+  float* m = acc + kTaskRows * D;
+  float* l = m + kTaskRows;
+  float* alpha = l + kTaskRows;
+  for (int64_t r = 0; r < kTaskRows; ++r) {  // rows past `rows` repeat the last (computed, never written)
+    const int64_t rr = std::min(r, rows - 1);
+    std::memcpy(qw + r * DP, q + ((t.p0 + rr / G) * hq + t.h * G + rr % G) * D, D * sizeof(u16));
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::fill(acc, acc + kTaskRows * D, 0.0f);
+  const u32* kp_h = kp_all + t.h * groups * DP * kKeys;
+  const u32* vp_h = vp_all + t.h * groups * (kKeys / 2) * D;
+  const int64_t last = past + t.p0 + t.np - 1;  // the last key any row of the task sees
+  const int tiles = int((rows + kRows - 1) / kRows);
+  const __m512 scale = _mm512_set1_ps(scale_log2);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t k0 = 0; k0 <= last; k0 += kStepKeys) {
+    const int ng = int(std::min<int64_t>(kStepKeys, last + 1 - k0) + kKeys - 1) / kKeys;  // key groups this step
+    // scores: sc[r][16 kg + j] = q_r . K_{k0 + 16 kg + j} * scale * log2(e), -inf past the row's position
+    for (int half = 0; half < 2 * tiles; ++half) {  // 8 rows x 2 key groups a pass: 10 loads for 16 dot products
+      const u32* qt = qw + half * kHalf * DP;
+      for (int kg = 0; kg < ng; kg += 2) {  // a key group past ng is read (packed past the context) and masked
+        const u32* kp = kp_h + ((k0 / kKeys) + kg) * DP * kKeys;
+        __m512 a[kHalf][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < kHalf; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+        for (int dp = 0; dp < DP; ++dp) {
+          const __m512bh k0v = (__m512bh)_mm512_loadu_si512(kp + dp * kKeys);
+          const __m512bh k1v = (__m512bh)_mm512_loadu_si512(kp + (DP + dp) * kKeys);
+#pragma GCC unroll 8
+          for (int r = 0; r < kHalf; ++r) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(int(qt[r * DP + dp]));
+            a[r][0] = _mm512_dpbf16_ps(a[r][0], b, k0v);
+            a[r][1] = _mm512_dpbf16_ps(a[r][1], b, k1v);
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kHalf; ++r) {
+          const int64_t rho = half * kHalf + r;
+          const int64_t pos = past + t.p0 + std::min(rho, rows - 1) / G;
+          for (int u = 0; u < 2 && kg + u < ng; ++u) {  // keys key0 + j <= pos stay
+            const int64_t key0 = k0 + (kg + u) * kKeys;
+            const __mmask16 keep =
+                _mm512_cmple_epi32_mask(lane, _mm512_set1_epi32(int(std::min<int64_t>(pos - key0, 16))));
+            _mm512_storeu_ps(sc + rho * kStepKeys + (kg + u) * kKeys,
+                             _mm512_mask_blend_ps(keep, _mm512_set1_ps(-std::numeric_limits<float>::infinity()),
+                                                  _mm512_mul_ps(a[r][u], scale)));
+          }
+        }
+      }
+    }
+    // the online softmax, row by row; the weights rounded to bf16 in pairs of keys
+    for (int64_t rho = 0; rho < tiles * kRows; ++rho) {
+      float* s = sc + rho * kStepKeys;
+      __m512 mx = _mm512_loadu_ps(s);
+      for (int kg = 1; kg < ng; ++kg) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + kg * kKeys));
+      const float m_new = std::max(m[rho], _mm512_reduce_max_ps(mx));  // finite: key 0 is in every row's view
+      alpha[rho] = swiftlm_cpu::exp2_one(m[rho] - m_new);
+      const __m512 mn = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      u16* pb = reinterpret_cast<u16*>(pw + rho * (kStepKeys / 2));
+      for (int kg = 0; kg < ng; ++kg) {
+        const __m512 p = swiftlm_cpu::exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + kg * kKeys), mn));
+        sum = _mm512_add_ps(sum, p);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + kg * kKeys),
+                            _mm512_cvtepi32_epi16(swiftlm_cpu::bf16_bits(p)));
+      }
+      l[rho] = l[rho] * alpha[rho] + _mm512_reduce_add_ps(sum);
+      m[rho] = m_new;
+    }
+    // P.V: acc[r][16 c ..] = alpha_r acc[r][..] + sum over key pairs of (p pair) . (V pair)
+    const int pairs = ng * (kKeys / 2);
+    const u32* vp = vp_h + (k0 / 2) * D;
+    for (int half = 0; half < 2 * tiles; ++half) {  // 8 rows x 32 dims a pass: 10 loads for 16 dot products
+      const u32* pt = pw + half * kHalf * (kStepKeys / 2);
+      float* at = acc + half * kHalf * D;
+      const float* al = alpha + half * kHalf;
+      for (int c = 0; c < D; c += 32) {
+        __m512 a[kHalf][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < kHalf; ++r) {
+          const __m512 s = _mm512_set1_ps(al[r]);
+          a[r][0] = _mm512_mul_ps(_mm512_loadu_ps(at + r * D + c), s);
+          a[r][1] = _mm512_mul_ps(_mm512_loadu_ps(at + r * D + c + 16), s);
+        }
+        for (int p = 0; p < pairs; ++p) {
+          const __m512bh v0 = (__m512bh)_mm512_loadu_si512(vp + p * D + c);
+          const __m512bh v1 = (__m512bh)_mm512_loadu_si512(vp + p * D + c + 16);
+#pragma GCC unroll 8
+          for (int r = 0; r < kHalf; ++r) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(int(pt[r * (kStepKeys / 2) + p]));
+            a[r][0] = _mm512_dpbf16_ps(a[r][0], b, v0);
+            a[r][1] = _mm512_dpbf16_ps(a[r][1], b, v1);
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kHalf; ++r) {
+          _mm512_storeu_ps(at + r * D + c, a[r][0]);
+          _mm512_storeu_ps(at + r * D + c + 16, a[r][1]);
+        }
+      }
+    }
+  }
+  for (int64_t rho = 0; rho < rows; ++rho) {
+    const __m512 inv = _mm512_set1_ps(1.0f / l[rho]);
+    u16* o = out + ((t.p0 + rho / G) * hq + t.h * G + rho % G) * D;
+    for (int c = 0; c < D; c += 16) swiftlm_cpu::store16(o + c, _mm512_mul_ps(_mm512_loadu_ps(acc + rho * D + c), inv));
+  }
+}
+
+using TaskFn = void (*)(const Task&, const u16*, int64_t, int64_t, int64_t, const u32*, const u32*, int64_t, float, u32*,
+                        u16*);
+
+TaskFn pick_task_fn(int64_t d) {
+  switch (d) {
+    case 64: return run_task<32>;
+    case 128: return run_task<64>;
+    case 256: return run_task<128>;
+    default: return nullptr;
+  }
+}
+
+using PackFn = void (*)(const Pools&, int64_t, int64_t, int64_t, u32*, u32*, u16*, u16*);
+
+at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                   const at::Tensor& block_table_in, int64_t seq_len, double scale,
+                                   const std::optional<at::Tensor>& k_scales, const std::optional<at::Tensor>& v_scales) {
+  TORCH_CHECK(q_in.dim() == 3 && q_in.scalar_type() == at::kBFloat16, "q must be bfloat16 [T, Hq, D], got ",
+              q_in.scalar_type(), " ", q_in.sizes());
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.scalar_type() == v_pool.scalar_type(),
+              "k_pool and v_pool must both be [num_blocks, block_size, Hkv, D] of one dtype, got ", k_pool.sizes(),
+              " and ", v_pool.sizes());
+  TORCH_CHECK(q_in.device().is_cpu() && k_pool.device().is_cpu() && v_pool.device().is_cpu(),
+              "q, k_pool and v_pool must be CPU tensors");
+  TORCH_CHECK(k_pool.stride(3) == 1 && v_pool.stride(3) == 1, "pools must be contiguous in head_dim");
+  const int64_t T = q_in.size(0), Hq = q_in.size(1), D = q_in.size(2);
+  const int64_t N = k_pool.size(0), bs = k_pool.size(1), Hkv = k_pool.size(2);
+  TORCH_CHECK(k_pool.size(3) == D, "pools' head_dim ", k_pool.size(3), " differs from q's ", D);
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, Hq, " query heads are not a multiple of ", Hkv, " kv heads");
+  const TaskFn task_fn = pick_task_fn(D);
+  TORCH_CHECK(task_fn != nullptr, "head_dim ", D, " is not 64, 128 or 256");
+  const auto pool_t = k_pool.scalar_type();
+  const bool scaled = pool_t != at::kBFloat16;
+  TORCH_CHECK(!scaled || pool_t == at::kChar || pool_t == at::kFloat8_e4m3fn || pool_t == at::kFloat8_e5m2,
+              "pools must be bfloat16, int8, float8_e4m3fn or float8_e5m2, got ", pool_t);
+  TORCH_CHECK(scaled == (k_scales.has_value() && v_scales.has_value()),
+              scaled ? "8-bit pools need k_scales and v_scales" : "bfloat16 pools take no scales");
+  if (scaled)
+    for (const auto* sc : {&*k_scales, &*v_scales})
+      TORCH_CHECK(sc->scalar_type() == at::kFloat && sc->is_contiguous() && sc->dim() == 3 && sc->size(0) == N &&
+                      sc->size(1) == bs && sc->size(2) == Hkv,
+                  "scale pools must be contiguous float32 [num_blocks, block_size, Hkv], got ", sc->sizes());
+  TORCH_CHECK(block_table_in.dim() == 1, "block_table must be [max_blocks], got ", block_table_in.sizes());
+  TORCH_CHECK(seq_len >= T && T >= 0, "seq_len ", seq_len, " is shorter than the chunk's ", T, " rows");
+  const at::Tensor table = block_table_in.to(at::kLong).contiguous();
+  const int64_t max_blocks = table.size(0);
+  swiftlm_cpu::check_block_tables(table.data_ptr<int64_t>(), max_blocks, &seq_len, 1, bs, N, "");
+
+  const at::Tensor q = q_in.contiguous();
+  at::Tensor out = at::empty({T, Hq, D}, q.options());
+  if (T == 0) return out;
+  const int64_t G = Hq / Hkv, past = seq_len - T;
+  const int64_t groups = (seq_len + kKeys - 1) / kKeys;
+  // packed context: per kv head, groups x (D / 2 x 16) K words and groups x (8 x D) V words
+  // (one group more than the context, zeros: an odd last key group is read in pairs, its scores masked)
+  std::unique_ptr<u32[]> kp(new u32[(Hkv * groups + 1) * (D / 2) * kKeys]), vp(new u32[Hkv * groups * (kKeys / 2) * D]);
+  std::fill_n(kp.get() + Hkv * groups * (D / 2) * kKeys, (D / 2) * kKeys, u32(0));
+  Pools P{k_pool.data_ptr(), v_pool.data_ptr(), scaled ? k_scales->const_data_ptr<float>() : nullptr,
+          scaled ? v_scales->const_data_ptr<float>() : nullptr, k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+          v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), table.data_ptr<int64_t>(), bs, Hkv, D};
+  PackFn pack = nullptr;
+  switch (pool_t) {
+    case at::kBFloat16: pack = pack_group<u16>; break;
+    case at::kChar: pack = pack_group<int8_t>; break;
+    case at::kFloat8_e4m3fn: pack = pack_group<c10::Float8_e4m3fn>; break;
+    default: pack = pack_group<c10::Float8_e5m2>; break;
+  }
+  at::parallel_for(0, Hkv * groups, 16, [&](int64_t lo, int64_t hi) {
+    std::vector<u16> tk(kKeys * D), tv(kKeys * D);
+    for (int64_t x = lo; x < hi; ++x) {
+      const int64_t h = x / groups, g = x % groups;
+      pack(P, h, g, seq_len, kp.get() + (h * groups + g) * (D / 2) * kKeys,
+           vp.get() + (h * groups + g) * (kKeys / 2) * D, tk.data(), tv.data());
+    }
+  });
+
+  // tasks: (kv head, kTaskRows / G positions), the ones seeing the most keys first
+  const int64_t per_task = std::max<int64_t>(1, kTaskRows / G);
+  TORCH_CHECK(per_task * G <= kTaskRows, "a GQA group of ", G, " query heads is larger than ", kTaskRows);
+  std::vector<Task> tasks;
+  for (int64_t p0 = ((T - 1) / per_task) * per_task; p0 >= 0; p0 -= per_task)
+    for (int64_t h = 0; h < Hkv; ++h) tasks.push_back(Task{h, p0, std::min(per_task, T - p0)});
+  std::atomic<int64_t> next{0};
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  const u16* qp = swiftlm_cpu::bf16_in(q);
+  u16* op = swiftlm_cpu::bf16_out(out);
+  const int64_t workers = std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), n_tasks);
+  auto worker = [&](int64_t, int64_t) {
+    std::vector<u32> ws(scratch_words(D) + 16);
+    for (int64_t i = next.fetch_add(1); i < n_tasks; i = next.fetch_add(1))
+      task_fn(tasks[i], qp, Hq, G, past, kp.get(), vp.get(), groups, scale_log2, ws.data(), op);
+  };
+  if (workers <= 1)
+    worker(0, 1);
+  else
+    at::parallel_for(0, workers, 1, worker);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(swiftlm_prefill_attention, lib) {
+  swiftlm_cpu::def_cpu(lib, "paged_prefill_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_table, "
+                            "int seq_len, float scale, Tensor? k_scales=None, Tensor? v_scales=None) -> Tensor",
+                       &paged_prefill_attention);
+}
