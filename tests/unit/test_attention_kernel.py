@@ -9,18 +9,14 @@ import torch.nn.functional as F
 
 from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS, load_paged_attention
 from swiftlm.platform import cpu_flags
+from tests.helpers.cpu_kernels import kernel_or_skip
 
 MIXED_LENS = [1, 15, 16, 17, 1000, 2049]
 
 
 @pytest.fixture(scope="module")
 def op():
-    fn = load_paged_attention()
-    if fn is None:
-        if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
-            pytest.fail(f"the CPU has {REQUIRED_CPU_FLAGS} but the paged attention kernel did not load; see the log")
-        pytest.skip(f"paged attention kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
-    return fn
+    return kernel_or_skip(load_paged_attention, REQUIRED_CPU_FLAGS, "paged attention kernel")
 
 
 def test_kernel_loads_on_avx2_machines() -> None:

@@ -13,17 +13,12 @@ from swiftlm.backends.cpu.kernels.prefill_attention_cpu import (
     supports,
 )
 from swiftlm.backends.kv_quant import dequantize_kv, kv_format, quantize_kv
-from swiftlm.platform import cpu_flags
+from tests.helpers.cpu_kernels import kernel_or_skip
 
 
 @pytest.fixture(scope="module")
 def op():
-    fn = load_prefill_attention()
-    if fn is None:
-        if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
-            pytest.fail(f"the CPU has {REQUIRED_CPU_FLAGS} but the prefill attention kernel did not load; see the log")
-        pytest.skip(f"prefill attention kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
-    return fn
+    return kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
 
 
 def make_case(t, seq_len, hq, hkv, d, block_size, kv="bf16", seed=0, spare_blocks=5):

@@ -160,7 +160,7 @@ struct Task {
   int64_t h, p0, np;  // kv head, first chunk row, rows (positions) of the chunk it covers
 };
 
-// Scratch floats of one worker, D dims.
+// Scratch of one worker in 4-byte words (q pairs, scores, weight pairs, accumulators, m, l, alpha), D dims.
 inline int64_t scratch_words(int64_t d) {
   return kTaskRows * (d / 2) + kTaskRows * kStepKeys + kTaskRows * (kStepKeys / 2) + kTaskRows * d + 3 * kTaskRows;
 }
