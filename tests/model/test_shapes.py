@@ -20,8 +20,8 @@ from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.kernels.amx_linear_cpu import REQUIRED_CPU_FLAGS as AMX_FLAGS
 from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
-from swiftlm.backends.cpu.kernels.prefill_attention_cpu import HEAD_DIMS as PREFILL_HEAD_DIMS
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import REQUIRED_CPU_FLAGS as PREFILL_FLAGS
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import supports as prefill_supports
 from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
 from swiftlm.backends.cpu.ops import KERNELS, CpuKernels
 from swiftlm.backends.torch import TorchBackend
@@ -50,9 +50,9 @@ class Shape:
 
     @property
     def bf16_fallbacks(self) -> frozenset[str]:
-        """The shape's, and the prefill kernel's where it does not run: head_dims it does not take, and
-        CPUs with AMX (torch's flash attention keeps the prefill there)."""
-        prefill = self.head_dim not in PREFILL_HEAD_DIMS or "amx_bf16" in cpu_flags()
+        """The shape's, and the prefill kernel's where it does not take the shape (head_dim, or a CPU with
+        AMX)."""
+        prefill = prefill_supports(torch.bfloat16, self.head_dim, self.heads, self.kv_heads) is not None
         return self.shape_fallbacks | ({"prefill attention"} if prefill else frozenset())
 
     @property

@@ -134,7 +134,8 @@ def test_rejects_bad_inputs(op) -> None:
 
 
 def test_supports() -> None:
-    assert supports(torch.bfloat16, 128, 16, 8) is None
-    assert "bfloat16" in supports(torch.float32, 128, 16, 8)
-    assert "head_dim" in supports(torch.bfloat16, 80, 16, 8)
-    assert "multiple" in supports(torch.bfloat16, 128, 12, 8)
+    assert supports(torch.bfloat16, 128, 16, 8, amx=False) is None
+    assert "bfloat16" in supports(torch.float32, 128, 16, 8, amx=False)
+    assert "head_dim" in supports(torch.bfloat16, 80, 16, 8, amx=False)
+    assert "multiple" in supports(torch.bfloat16, 128, 12, 8, amx=False)
+    assert "AMX" in supports(torch.bfloat16, 128, 16, 8, amx=True)

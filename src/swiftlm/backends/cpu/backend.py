@@ -47,7 +47,6 @@ from swiftlm.backends.quant import quantize
 from swiftlm.backends.row_buckets import warm_row_buckets
 from swiftlm.config import ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
-from swiftlm.platform import cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -139,19 +138,11 @@ class CpuBackend(Backend):
         self.decode_kernel = k.attention if reason is None else None
         if reason is not None:
             self.fell_back("decode attention", reason)
-        self.prefill_kernel = None
-        if k.prefill_attention is None:
-            prefill_reason = k.missing.get("prefill_attention", "not loaded")
-        elif "amx_bf16" in cpu_flags():
-            # torch's CPU flash attention runs its matmuls on AMX tiles here; the kernel's vdpbf16ps
-            # was measured against it only on CPUs without AMX
-            prefill_reason = "AMX: torch's flash attention takes the prefill"
-        else:
-            prefill_reason = prefill_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
-        if prefill_reason is None:
-            self.prefill_kernel = k.prefill_attention
-        else:
-            self.fell_back("prefill attention", prefill_reason)
+        reason = k.missing.get("prefill_attention", "not loaded") if k.prefill_attention is None else \
+            prefill_supports(dtype, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads)
+        self.prefill_kernel = k.prefill_attention if reason is None else None
+        if reason is not None:
+            self.fell_back("prefill attention", reason)
         if self.decode_kernel is not None or self.prefill_kernel is not None:
             decode = f"{attention_isa()} paged kernel" if self.decode_kernel is not None else "gather + SDPA"
             prefill = "AVX512-BF16 paged kernel" if self.prefill_kernel is not None else "gather + SDPA"

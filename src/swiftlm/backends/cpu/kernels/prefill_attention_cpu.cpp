@@ -28,8 +28,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/Float8_e4m3fn.h>
-#include <c10/util/Float8_e5m2.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -40,9 +38,11 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
+#include "kv_quant.h"
 
 namespace {
 
@@ -57,20 +57,16 @@ using u32 = uint32_t;
 
 // ---- packing: one kv head's context rows, converted to bf16 bits ----
 
-// A pool row's d values as bf16 bits into dst (8-bit pools: the values times the row's scale in
-// float32, then rounded). S: int8 or c10's float8 types.
-template <typename S>
-inline void row_bits(const S* row, float scale, int64_t d, u16* dst) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<S, int8_t>) {
-    const __m512 s = _mm512_set1_ps(scale);
-    for (; i + 16 <= d; i += 16) {
-      const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i))));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(swiftlm_cpu::bf16_bits(_mm512_mul_ps(x, s))));
-    }
+// An 8-bit pool row's d values (d a multiple of 16) times its scale as bf16 bits into dst: each value
+// widened to float exactly (kv_quant.h's format F; e4m3 reads as value * 2^-8, undone by kMul), times
+// the scale in float32, then rounded, as dequantize_kv computes it.
+template <typename F>
+inline void row_bits(const uint8_t* row, float scale, int64_t d, u16* dst) {
+  const __m512 mul = _mm512_set1_ps(F::kMul), s = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < d; i += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_mul_ps(F::widen16(row + i), mul), s);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(swiftlm_cpu::bf16_bits(x)));
   }
-  for (; i < d; ++i)  // int8 and c10's float8 types convert to float exactly
-    dst[i] = swiftlm_cpu::bf16_bits(static_cast<float>(row[i]) * scale);
 }
 
 // 16 x 16 words: out[i] = word i of each of the 16 rows (row j at rows[j], 16 words from there).
@@ -110,10 +106,11 @@ struct Pools {
 };
 
 // Keys [16 g, 16 g + 16) of kv head h: Kp[dp][j] = (K_j[2 dp], K_j[2 dp + 1]) for the group's 16 keys,
-// Vp[p][x] = (V_{2p}[x], V_{2p+1}[x]) for its 8 key pairs; keys at or past len are zeros. S: the
-// pool's element type (u16: bf16 bits); tk, tv: scratch of 16 rows (8-bit pools' rows as bf16, zeros).
-template <typename S>
+// Vp[p][x] = (V_{2p}[x], V_{2p+1}[x]) for its 8 key pairs; keys at or past len are zeros. F: u16 for
+// bf16 pools, else the 8-bit format (kv_quant.h); tk, tv: scratch of 16 rows (8-bit rows as bf16, zeros).
+template <typename F>
 void pack_group(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kp, u32* vp, u16* tk, u16* tv) {
+  using S = std::conditional_t<std::is_same_v<F, u16>, u16, uint8_t>;  // the pool's element
   const int64_t d = P.d;
   const S* kpool = static_cast<const S*>(P.k);
   const S* vpool = static_cast<const S*>(P.v);
@@ -134,8 +131,8 @@ void pack_group(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kp, u32*
       kr[j] = krow, vr[j] = vrow;
     } else {
       const int64_t srow = (blk * P.bs + off) * P.hkv + h;
-      row_bits<S>(krow, P.ks[srow], d, tk + j * d);
-      row_bits<S>(vrow, P.vs[srow], d, tv + j * d);
+      row_bits<F>(krow, P.ks[srow], d, tk + j * d);
+      row_bits<F>(vrow, P.vs[srow], d, tv + j * d);
       kr[j] = tk + j * d, vr[j] = tv + j * d;
     }
   }
@@ -357,9 +354,9 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_p
   PackFn pack = nullptr;
   switch (pool_t) {
     case at::kBFloat16: pack = pack_group<u16>; break;
-    case at::kChar: pack = pack_group<int8_t>; break;
-    case at::kFloat8_e4m3fn: pack = pack_group<c10::Float8_e4m3fn>; break;
-    default: pack = pack_group<c10::Float8_e5m2>; break;
+    case at::kChar: pack = pack_group<swiftlm_kvq::I8>; break;
+    case at::kFloat8_e4m3fn: pack = pack_group<swiftlm_kvq::E4M3>; break;
+    default: pack = pack_group<swiftlm_kvq::E5M2>; break;
   }
   at::parallel_for(0, Hkv * groups, 16, [&](int64_t lo, int64_t hi) {
     std::vector<u16> tk(kKeys * D), tv(kKeys * D);

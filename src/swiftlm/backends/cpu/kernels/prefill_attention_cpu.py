@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
+from swiftlm.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("prefill_attention_cpu.cpp")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
@@ -39,8 +40,12 @@ MAX_GROUP = 32  # query heads per kv head in one task
 PagedPrefillAttention = Callable[..., torch.Tensor]
 
 
-def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int) -> str | None:
-    """None if the kernel runs this attention shape, else why not."""
+def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int, amx: bool | None = None) -> str | None:
+    """None if the kernel takes this attention shape's prefill, else why not. On CPUs with AMX (``amx``:
+    default, this CPU's flags) torch's flash attention runs its matmuls on AMX tiles; the kernel's
+    ``vdpbf16ps`` was measured against it only on CPUs without, so it leaves them the prefill."""
+    if amx if amx is not None else "amx_bf16" in cpu_flags():
+        return "AMX: torch's flash attention takes the prefill"
     if dtype != torch.bfloat16:
         return f"{dtype_name(dtype)} activations (the kernel takes bfloat16)"
     if head_dim not in HEAD_DIMS:
