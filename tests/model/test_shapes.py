@@ -30,7 +30,7 @@ from tests.conftest import make_tiny_model
 from tests.helpers.hf_reference import hf_greedy, hf_model
 
 # float32 activations: these kernels take bf16 only
-FLOAT32_ONLY = {"bf16 GEMV", "decode layers op", "prefill attention"}
+FLOAT32_ONLY = {"bf16 GEMV", "decode layers op"}
 
 
 @dataclass(frozen=True)
@@ -48,16 +48,20 @@ class Shape:
                 "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
                 "head_dim": self.head_dim, "max_position_embeddings": 2048, "tie_word_embeddings": self.tied}
 
+    def prefill_fallback(self, dtype: torch.dtype) -> frozenset[str]:
+        """The prefill kernel's fallback where it does not take the shape in ``dtype`` on this CPU (head_dim;
+        bf16 on a CPU with AMX or without AVX512-BF16)."""
+        refused = prefill_supports(dtype, self.head_dim, self.heads, self.kv_heads) is not None
+        return frozenset({"prefill attention"}) if refused else frozenset()
+
     @property
     def bf16_fallbacks(self) -> frozenset[str]:
-        """The shape's, and the prefill kernel's where it does not take the shape (head_dim, or a CPU with
-        AMX)."""
-        prefill = prefill_supports(torch.bfloat16, self.head_dim, self.heads, self.kv_heads) is not None
-        return self.shape_fallbacks | ({"prefill attention"} if prefill else frozenset())
+        return self.shape_fallbacks | self.prefill_fallback(torch.bfloat16)
 
     @property
     def float32_fallbacks(self) -> frozenset[str]:
-        return frozenset(FLOAT32_ONLY | ({"decode attention"} & self.shape_fallbacks))
+        return frozenset(FLOAT32_ONLY | ({"decode attention"} & self.shape_fallbacks)
+                         | self.prefill_fallback(torch.float32))
 
 
 ATTENTION, GEMV, DECODE = "decode attention", "bf16 GEMV", "decode layers op"

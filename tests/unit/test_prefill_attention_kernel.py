@@ -1,5 +1,6 @@
-"""The paged prefill attention kernel (AVX512-BF16) against causal attention in float64 over the
-gathered context, and against the torch path it replaces (gather, dequantise, SDPA in bf16)."""
+"""The paged prefill attention kernel (bf16 on AVX512-BF16; float32 on AVX-512F, and its AVX2 build)
+against causal attention in float64 over the gathered context, and against the torch path it replaces
+(gather, dequantise, SDPA in the model's dtype)."""
 
 from __future__ import annotations
 
@@ -8,50 +9,70 @@ import torch
 
 from swiftlm.backends.attention import causal_attention
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import (
+    BF16_CPU_FLAGS,
     REQUIRED_CPU_FLAGS,
+    load_build_variant,
     load_prefill_attention,
     supports,
 )
 from swiftlm.backends.kv_quant import dequantize_kv, kv_format, quantize_kv
+from swiftlm.platform import cpu_flags
 from tests.helpers.cpu_kernels import kernel_or_skip
 
 
 @pytest.fixture(scope="module")
 def op():
-    return kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
+    """The op, and its bf16 arithmetic: skipped on CPUs without AVX512-BF16."""
+    loaded = kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
+    if not all(f in cpu_flags() for f in BF16_CPU_FLAGS):
+        pytest.skip(f"the bf16 prefill kernel needs {BF16_CPU_FLAGS}")
+    return loaded
 
 
-def make_case(t, seq_len, hq, hkv, d, block_size, kv="bf16", seed=0, spare_blocks=5):
-    """q [t, hq, d] bf16; pools with shuffled block ids (8-bit ones with scale pools); the table; and the
-    context as the torch path reads it ([seq_len, hkv, d], bf16 or dequantised to bf16)."""
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def f32_op(request: pytest.FixtureRequest):
+    """The op's float32 arithmetic: the build for this CPU, and on AVX-512 CPUs the AVX2 code built apart."""
+    native = kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
+    if request.param == "native":
+        return native
+    if "avx512f" not in cpu_flags():
+        pytest.skip("the native build is the AVX2 one on this CPU")
+    variant = load_build_variant("swiftlm_prefill_attention_avx2", ("-mno-avx512f",))
+    assert variant is not None, "the AVX2 build of the prefill kernel failed on a CPU with AVX2; see the log"
+    return variant
+
+
+def make_case(t, seq_len, hq, hkv, d, block_size, kv="plain", seed=0, spare_blocks=5, dtype=torch.bfloat16):
+    """q [t, hq, d] of ``dtype``; pools with shuffled block ids (of ``dtype``, or 8-bit with scale pools);
+    the table; and the context as the torch path reads it ([seq_len, hkv, d], dequantised to ``dtype``)."""
     g = torch.Generator().manual_seed(seed)
     n_blocks = (seq_len + block_size - 1) // block_size
     num_blocks = n_blocks + spare_blocks
     k = torch.randn(num_blocks * block_size, hkv, d, generator=g)
     v = torch.randn(num_blocks * block_size, hkv, d, generator=g)
-    q = torch.randn(t, hq, d, generator=g).bfloat16()
+    q = torch.randn(t, hq, d, generator=g).to(dtype)
     table = torch.randperm(num_blocks, generator=g)[:n_blocks]
     shape = (num_blocks, block_size, hkv, d)
-    if kv == "bf16":
-        k_pool, v_pool, k_scale, v_scale = k.bfloat16().view(shape), v.bfloat16().view(shape), None, None
+    if kv == "plain":
+        k_pool, v_pool, k_scale, v_scale = k.to(dtype).view(shape), v.to(dtype).view(shape), None, None
         k_ctx, v_ctx = k_pool, v_pool
     else:
         fmt = kv_format(kv)
         (kq, ks), (vq, vs) = quantize_kv(k, fmt), quantize_kv(v, fmt)
         k_pool, v_pool = kq.view(shape), vq.view(shape)
         k_scale, v_scale = ks.view(shape[:3]), vs.view(shape[:3])
-        k_ctx = dequantize_kv(kq, ks, torch.bfloat16).view(shape)
-        v_ctx = dequantize_kv(vq, vs, torch.bfloat16).view(shape)
+        k_ctx = dequantize_kv(kq, ks, dtype).view(shape)
+        v_ctx = dequantize_kv(vq, vs, dtype).view(shape)
     k_ctx = k_ctx[table].reshape(-1, hkv, d)[:seq_len]
     v_ctx = v_ctx[table].reshape(-1, hkv, d)[:seq_len]
     return q, (k_pool, v_pool, table, seq_len, d**-0.5, k_scale, v_scale), (k_ctx, v_ctx)
 
 
-def errors(op, t, seq_len, hq, hkv, d, block_size, kv="bf16", seed=0):
-    """(kernel's max error, the torch bf16 path's max error) against float64 causal attention."""
-    q, args, (k_ctx, v_ctx) = make_case(t, seq_len, hq, hkv, d, block_size, kv, seed)
+def errors(op, t, seq_len, hq, hkv, d, block_size, kv="plain", seed=0, dtype=torch.bfloat16):
+    """(kernel's max error, the torch path's max error in ``dtype``) against float64 causal attention."""
+    q, args, (k_ctx, v_ctx) = make_case(t, seq_len, hq, hkv, d, block_size, kv, seed, dtype=dtype)
     out = op(q, *args)
-    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert out.dtype == dtype and out.shape == q.shape
     exact = causal_attention(q.double(), k_ctx.double(), v_ctx.double())
     torch_path = causal_attention(q, k_ctx, v_ctx)
     return (out.double() - exact).abs().max().item(), (torch_path.double() - exact).abs().max().item()
@@ -125,17 +146,64 @@ def test_rejects_bad_inputs(op) -> None:
         op(q, k_pool, v_pool, table[:2], seq_len, scale)
     with pytest.raises(RuntimeError, match="shorter than the chunk"):
         op(q, k_pool, v_pool, table, 4, scale)
-    with pytest.raises(RuntimeError, match="bfloat16"):
+    with pytest.raises(RuntimeError, match="q's dtype"):
         op(q.float(), k_pool, v_pool, table, seq_len, scale)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        op(q.half(), k_pool.half(), v_pool.half(), table, seq_len, scale)
     with pytest.raises(RuntimeError, match="head_dim"):
         op(q[..., :48].contiguous(), k_pool[..., :48], v_pool[..., :48], table, seq_len, scale)
     with pytest.raises(RuntimeError, match="need k_scales"):
         op(q, k_pool.view(torch.int8)[..., :64], v_pool.view(torch.int8)[..., :64], table, seq_len, scale)
 
 
+# float32 tests: both builds' errors are float32 rounding in another order of the sums than torch's
+# (~1e-6 here); a wrong mask, scale or key order is off by 1e-2 or more
+F32_CASES = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 7, 8)]
+
+
+@pytest.mark.parametrize(("t", "seq_len", "hq", "hkv", "d", "block_size"), F32_CASES)
+def test_float32_matches_causal_attention(f32_op, t, seq_len, hq, hkv, d, block_size) -> None:
+    err, err_torch = errors(f32_op, t, seq_len, hq, hkv, d, block_size, dtype=torch.float32)
+    assert err <= max(3 * err_torch, 2e-6), (err, err_torch)
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_float32_on_eight_bit_pools_matches_the_dequantised_context(f32_op, kv) -> None:
+    for case in [(64, 200, 16, 8, 128, 32), (9, 9, 6, 2, 256, 8)]:
+        err, err_torch = errors(f32_op, *case, kv, dtype=torch.float32)
+        assert err <= max(3 * err_torch, 2e-6), (case, err, err_torch)
+
+
+def test_float32_sharp_softmax_deterministic_and_strided(f32_op) -> None:
+    """Scores of tens rescale across steps; two calls give the same bits; a chunk's tail rows equal a
+    shorter chunk's; pools that are views read like contiguous ones."""
+    q, args, (k_ctx, v_ctx) = make_case(96, 500, 16, 8, 128, 16, seed=3, dtype=torch.float32)
+    q = q * 6
+    out = f32_op(q, *args)
+    exact = causal_attention(q.double(), k_ctx.double(), v_ctx.double())
+    err = (out.double() - exact).abs().max().item()
+    err_torch = (causal_attention(q, k_ctx, v_ctx).double() - exact).abs().max().item()
+    assert err <= max(3 * err_torch, 1e-5), (err, err_torch)
+    assert torch.equal(out, f32_op(q, *args))
+    assert torch.equal(f32_op(q[-40:], *args), out[-40:])
+    k_pool, v_pool, table, seq_len, scale, _, _ = args
+    wide = torch.zeros(k_pool.shape[0], k_pool.shape[1], 10, 128)
+    wide_v = wide.clone()
+    wide[:, :, 1:9] = k_pool
+    wide_v[:, :, 1:9] = v_pool
+    assert torch.equal(f32_op(q, wide[:, :, 1:9], wide_v[:, :, 1:9], table, seq_len, scale), out)
+
+
 def test_supports() -> None:
-    assert supports(torch.bfloat16, 128, 16, 8, amx=False) is None
-    assert "bfloat16" in supports(torch.float32, 128, 16, 8, amx=False)
-    assert "head_dim" in supports(torch.bfloat16, 80, 16, 8, amx=False)
-    assert "multiple" in supports(torch.bfloat16, 128, 12, 8, amx=False)
-    assert "AMX" in supports(torch.bfloat16, 128, 16, 8, amx=True)
+    zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"})
+    amx = zen4 | {"amx_bf16"}
+    avx2 = frozenset({"avx2", "fma", "f16c"})
+    assert supports(torch.bfloat16, 128, 16, 8, flags=zen4) is None
+    assert supports(torch.float32, 128, 16, 8, flags=zen4) is None
+    assert supports(torch.float32, 128, 16, 8, flags=amx) is None
+    assert supports(torch.float32, 64, 16, 8, flags=avx2) is None
+    assert "AVX512-BF16" in supports(torch.bfloat16, 128, 16, 8, flags=avx2)
+    assert "AMX" in supports(torch.bfloat16, 128, 16, 8, flags=amx)
+    assert "float16" in supports(torch.float16, 128, 16, 8, flags=zen4)
+    assert "head_dim" in supports(torch.float32, 80, 16, 8, flags=zen4)
+    assert "multiple" in supports(torch.bfloat16, 128, 12, 8, flags=zen4)

@@ -35,6 +35,7 @@ from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_sup
 from swiftlm.backends.cpu.kernels.build import dtype_name
 from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
 from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
+from swiftlm.backends.cpu.kernels.prefill_attention_cpu import instruction_set as prefill_isa
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import supports as prefill_supports
 from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_DENSE_BF16, RowLimits
 from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
@@ -145,7 +146,7 @@ class CpuBackend(Backend):
             self.fell_back("prefill attention", reason)
         if self.decode_kernel is not None or self.prefill_kernel is not None:
             decode = f"{attention_isa()} paged kernel" if self.decode_kernel is not None else "gather + SDPA"
-            prefill = "AVX512-BF16 paged kernel" if self.prefill_kernel is not None else "gather + SDPA"
+            prefill = f"{prefill_isa(dtype)} paged kernel" if self.prefill_kernel is not None else "gather + SDPA"
             self.plan.append(f"attention: decode {decode}; prefill {prefill}")
 
     def _prepare_step_plan(self, model: DecoderForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:

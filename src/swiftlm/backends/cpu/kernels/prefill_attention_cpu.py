@@ -1,24 +1,26 @@
-"""Prefill attention over the paged KV cache on CPUs with AVX512-BF16 (``prefill_attention_cpu.cpp``).
+"""Prefill attention over the paged KV cache (``prefill_attention_cpu.cpp``): bf16 on CPUs with AVX512-BF16,
+float32 on CPUs with AVX-512F or AVX2 + FMA.
 
 One request's chunk of prompt rows attends to its context read from the pools through its block
 table, with no gather of the blocks and no repeat of the KV heads: the op packs the context's K and
-V rows for ``vdpbf16ps`` once a call and runs a flash attention over them (scores and P.V in float32
-registers, the softmax weights rounded to bf16 as torch's CPU flash attention rounds them for bf16
-inputs), causal and bottom-right aligned::
+V rows once a call and runs a flash attention over them (scores and P.V in float32 registers; in bf16
+on ``vdpbf16ps`` with the softmax weights rounded to bf16 as torch's CPU flash attention rounds them
+for bf16 inputs; in float32 on FMAs), causal and bottom-right aligned::
 
-    paged_prefill_attention(q [T, Hq, D] bf16, k_pool [N, bs, Hkv, D], v_pool [N, bs, Hkv, D],
+    paged_prefill_attention(q [T, Hq, D] bf16 | float32, k_pool [N, bs, Hkv, D], v_pool [N, bs, Hkv, D],
                             block_table [max_blocks] int64, seq_len: int, scale: float,
-                            k_scales [N, bs, Hkv] float32 = None, v_scales = None) -> [T, Hq, D] bf16
+                            k_scales [N, bs, Hkv] float32 = None, v_scales = None) -> [T, Hq, D] q's dtype
 
 Row ``r`` of q sits at position ``seq_len - T + r`` and sees keys ``0 .. seq_len - T + r``; token
-``t`` is ``pool[block_table[t // bs], t % bs]``. The pools are bf16, or 8-bit (int8, float8_e4m3fn,
-float8_e5m2: the small KV cache) with their scale pools, a row's values times its scale rounded to
-bf16 as ``dequantize_kv`` rounds them. ``Hq % Hkv == 0`` with a GQA group of at most 32 query heads,
-``D`` in 64, 128 or 256; the block table is bounds-checked (RuntimeError).
+``t`` is ``pool[block_table[t // bs], t % bs]``. The pools are q's dtype, or 8-bit (int8,
+float8_e4m3fn, float8_e5m2: the small KV cache) with their scale pools, a row's values times its scale
+in q's dtype as ``dequantize_kv`` computes them. ``Hq % Hkv == 0`` with a GQA group of at most 32
+query heads, ``D`` in 64, 128 or 256; the block table is bounds-checked (RuntimeError).
 
-``load_prefill_attention()`` returns the op, or ``None`` where it cannot run (a CPU without AVX-512
-BF16, no compiler, a failed build), the reason logged once; callers keep the torch path (gather the
-blocks, then SDPA), which is the test oracle. Measured in BENCHMARKS.md.
+``load_prefill_attention()`` returns the op, or ``None`` where it cannot run (a CPU without AVX2, no
+compiler, a failed build), the reason logged once; ``supports()`` says which models it takes on this
+CPU. Callers keep the torch path (gather the blocks, then SDPA), which is the test oracle. Measured in
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,25 +31,32 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
 from swiftlm.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("prefill_attention_cpu.cpp")
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")  # float32; bf16 needs BF16_CPU_FLAGS too
+BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 32  # query heads per kv head in one task
 
 PagedPrefillAttention = Callable[..., torch.Tensor]
 
 
-def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int, amx: bool | None = None) -> str | None:
-    """None if the kernel takes this attention shape's prefill, else why not. On CPUs with AMX (``amx``:
-    default, this CPU's flags) torch's flash attention runs its matmuls on AMX tiles; the kernel's
-    ``vdpbf16ps`` was measured against it only on CPUs without, so it leaves them the prefill."""
-    if amx if amx is not None else "amx_bf16" in cpu_flags():
-        return "AMX: torch's flash attention takes the prefill"
-    if dtype != torch.bfloat16:
-        return f"{dtype_name(dtype)} activations (the kernel takes bfloat16)"
+def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int,
+             flags: frozenset[str] | None = None) -> str | None:
+    """None if the kernel takes this attention shape's prefill on a CPU with ``flags`` (default: this
+    one's), else why not. bf16 needs AVX512-BF16, and on CPUs with AMX torch's flash attention runs
+    its matmuls on AMX tiles: the kernel's ``vdpbf16ps`` was measured against it only on CPUs without,
+    so it leaves them the bf16 prefill. float32 runs wherever the op loads (AVX2 + FMA)."""
+    flags = cpu_flags() if flags is None else flags
+    if dtype == torch.bfloat16:
+        if "amx_bf16" in flags:
+            return "AMX: torch's flash attention takes the bfloat16 prefill"
+        if not all(f in flags for f in BF16_CPU_FLAGS):
+            return "bfloat16 on a CPU without AVX512-BF16"
+    elif dtype != torch.float32:
+        return f"{dtype_name(dtype)} activations (the kernel takes bfloat16 or float32)"
     if head_dim not in HEAD_DIMS:
         return f"head_dim {head_dim} is not one of {HEAD_DIMS}"
     if n_kv_heads <= 0 or n_heads % n_kv_heads:
@@ -57,6 +66,13 @@ def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int, a
     return None
 
 
+def instruction_set(dtype: torch.dtype) -> str:
+    """What the kernel computes ``dtype`` with on this CPU: "AVX512-BF16", "AVX-512" or "AVX2"."""
+    if dtype == torch.bfloat16:
+        return "AVX512-BF16"
+    return "AVX-512" if "avx512f" in cpu_flags() else "AVX2"
+
+
 @cache
 def load_prefill_attention() -> PagedPrefillAttention | None:
     """The compiled op (built on first use, then cached on disk), or None when unavailable."""
@@ -64,3 +80,13 @@ def load_prefill_attention() -> PagedPrefillAttention | None:
                                    REQUIRED_CPU_FLAGS):
         return None
     return torch.ops.swiftlm_prefill_attention.paged_prefill_attention.default
+
+
+def load_build_variant(namespace: str, cflags: tuple[str, ...]) -> PagedPrefillAttention | None:
+    """A second build of the source under its own op namespace, compiled with ``cflags`` added to the
+    usual ones (``-mno-avx512f``: the AVX2 code on an AVX-512 CPU, for its tests), or None."""
+    flags = (*CPU_CFLAGS, *cflags, f"-DSWIFTLM_PREFILL_NS={namespace}")
+    if not try_load_cpu_op_library(namespace, SOURCE, f"prefill attention kernel ({namespace})",
+                                   REQUIRED_CPU_FLAGS, flags):
+        return None
+    return getattr(torch.ops, namespace).paged_prefill_attention.default
