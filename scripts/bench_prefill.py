@@ -7,9 +7,9 @@ path it replaces (gather + SDPA), and the attention calls alone, interleaved in 
 * **TTFT**: two engines on one model (``--dtype``, ``--kv-cache-dtype``), one with every CPU kernel and
   one with ``cpu_disable_kernels=["prefill_attention"]``; each round sends each engine the same fresh
   random prompt (no prefix hit), in alternating order, and times ``generate(max_tokens=1)``. Each engine
-  first prefills one prompt of the longest length, so that its pool's pages are faulted in before the
-  rounds (a fresh pool's first touch is timed otherwise: on a VM, first-touched memory can cost
-  milliseconds a MB).
+  has a pool of two longest prompts' blocks with every page written before the rounds, and prefills
+  one prompt of the longest length first (a fresh pool's first touch is timed otherwise: on a VM,
+  first-touched memory can cost milliseconds a MB).
 * **attention** (``--contexts``): one call of the op on a chunk of ``--chunk`` rows at the end of a
   context of that many tokens (Qwen3-0.6B's heads, pools of ``--dtype``, shuffled blocks of 16), against
   ``causal_attention`` over the gathered context, alternating, medians of ``--rounds`` x 5 calls.
@@ -67,16 +67,29 @@ def attention_rounds(contexts: list[int], chunk: int, rounds: int, dtype: torch.
         print(f"| {ctx} | {t} | {t_t * 1e3:.1f} | {t_k * 1e3:.1f} | {t_t / t_k:.2f}x | {flops / t_k / 1e9:.0f} |", flush=True)
 
 
+def prefaulted(llm: LLM) -> LLM:
+    """The engine with every page of its KV pools written once: a fresh pool hands out blocks never used
+    before (its free list is first in, first out), and on a VM a page's first touch can cost milliseconds
+    a MB, which would land in whichever TTFT first stores into it."""
+    k_pools, v_pools = llm.engine.kv_cache.pools()
+    k_scales, v_scales = llm.engine.kv_cache.scale_pools()
+    for pool in (*k_pools, *v_pools, *k_scales, *v_scales):
+        pool.zero_()
+    return llm
+
+
 def ttft_rounds(model: str, dtype: str, kv: str, prompts: list[int], rounds: int) -> None:
-    engines = {"kernel": LLM(model, dtype=dtype, kv_cache_dtype=kv),
-               "sdpa": LLM(model, dtype=dtype, kv_cache_dtype=kv, cpu_disable_kernels=["prefill_attention"])}
+    blocks = 2 * (max(prompts) + 64) // 16 + 8  # two prompts' blocks: the pool cycles through pages already in
+    engines = {"kernel": prefaulted(LLM(model, dtype=dtype, kv_cache_dtype=kv, num_blocks=blocks)),
+               "sdpa": prefaulted(LLM(model, dtype=dtype, kv_cache_dtype=kv, num_blocks=blocks,
+                                      cpu_disable_kernels=["prefill_attention"]))}
     params = SamplingParams(max_tokens=1, temperature=0.0)
     g = torch.Generator().manual_seed(1)
 
     def prompt(n: int) -> dict:
         return {"prompt_token_ids": torch.randint(100, 100_000, (n,), generator=g).tolist()}
 
-    for llm in engines.values():
+    for llm in engines.values():  # warm: every matmul's row count once
         llm.generate([prompt(max(prompts))], params, use_tqdm=False)
     for n in prompts:
         times: dict[str, list[float]] = {k: [] for k in engines}
