@@ -17,16 +17,38 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swiftlm"
 
 
+# SWIFTLM_CPU_ISA=avx2 runs an AVX-512 CPU as an AVX2 one: the CPU flags lose AVX-512 and AMX, so every
+# kernel's choice (and build: kernels/build.py adds -mno-avx512f) follows them, as on such a CPU. With
+# ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, torch's side does the same.
+CPU_ISA_ENV = "SWIFTLM_CPU_ISA"
+
+
+def cpu_isa_override() -> str | None:
+    """``avx2`` when ``$SWIFTLM_CPU_ISA`` asks to run as an AVX2 CPU; None for the CPU as it is (unset,
+    empty or ``native``). Anything else is an error."""
+    value = os.environ.get(CPU_ISA_ENV, "").strip().lower()
+    if value in ("", "native"):
+        return None
+    if value != "avx2":
+        raise ValueError(f"{CPU_ISA_ENV}={value!r}: expected 'native' or 'avx2'")
+    return value
+
+
 @cache
 def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), without AVX-512 and AMX under ``SWIFTLM_CPU_ISA=avx2``."""
+    flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return frozenset()
+    if cpu_isa_override() == "avx2":
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    return flags
 
 
 def cpu_has_bf16() -> bool:

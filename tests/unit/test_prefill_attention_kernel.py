@@ -1,6 +1,7 @@
-"""The paged prefill attention kernel (bf16 on AVX512-BF16; float32 on AVX-512F, and its AVX2 build)
-against causal attention in float64 over the gathered context, and against the torch path it replaces
-(gather, dequantise, SDPA in the model's dtype)."""
+"""The paged prefill attention kernel (bf16 on AVX512-BF16's vdpbf16ps; float32 arithmetic for float32,
+and for bf16 elsewhere; the native build and, on AVX-512 CPUs, the AVX2 one) against causal attention
+in float64 over the gathered context, and against the torch path it replaces (gather, dequantise, SDPA
+in the model's dtype)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import torch
 
 from swiftlm.backends.attention import causal_attention
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import (
-    BF16_CPU_FLAGS,
     REQUIRED_CPU_FLAGS,
     load_build_variant,
     load_prefill_attention,
@@ -20,18 +20,10 @@ from swiftlm.platform import cpu_flags
 from tests.helpers.cpu_kernels import kernel_or_skip
 
 
-@pytest.fixture(scope="module")
-def op():
-    """The op, and its bf16 arithmetic: skipped on CPUs without AVX512-BF16."""
-    loaded = kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
-    if not all(f in cpu_flags() for f in BF16_CPU_FLAGS):
-        pytest.skip(f"the bf16 prefill kernel needs {BF16_CPU_FLAGS}")
-    return loaded
-
-
 @pytest.fixture(scope="module", params=["native", "avx2"])
-def f32_op(request: pytest.FixtureRequest):
-    """The op's float32 arithmetic: the build for this CPU, and on AVX-512 CPUs the AVX2 code built apart."""
+def op(request: pytest.FixtureRequest):
+    """The build for this CPU (bf16 on vdpbf16ps where it has AVX512-BF16), and on AVX-512 CPUs the AVX2
+    code built apart (float32 arithmetic for both dtypes)."""
     native = kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
     if request.param == "native":
         return native
@@ -162,36 +154,36 @@ F32_CASES = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 7, 8)]
 
 
 @pytest.mark.parametrize(("t", "seq_len", "hq", "hkv", "d", "block_size"), F32_CASES)
-def test_float32_matches_causal_attention(f32_op, t, seq_len, hq, hkv, d, block_size) -> None:
-    err, err_torch = errors(f32_op, t, seq_len, hq, hkv, d, block_size, dtype=torch.float32)
+def test_float32_matches_causal_attention(op, t, seq_len, hq, hkv, d, block_size) -> None:
+    err, err_torch = errors(op, t, seq_len, hq, hkv, d, block_size, dtype=torch.float32)
     assert err <= max(3 * err_torch, 2e-6), (err, err_torch)
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp8_e4m3", "fp8_e5m2"])
-def test_float32_on_eight_bit_pools_matches_the_dequantised_context(f32_op, kv) -> None:
+def test_float32_on_eight_bit_pools_matches_the_dequantised_context(op, kv) -> None:
     for case in [(64, 200, 16, 8, 128, 32), (9, 9, 6, 2, 256, 8)]:
-        err, err_torch = errors(f32_op, *case, kv, dtype=torch.float32)
+        err, err_torch = errors(op, *case, kv, dtype=torch.float32)
         assert err <= max(3 * err_torch, 2e-6), (case, err, err_torch)
 
 
-def test_float32_sharp_softmax_deterministic_and_strided(f32_op) -> None:
+def test_float32_sharp_softmax_deterministic_and_strided(op) -> None:
     """Scores of tens rescale across steps; two calls give the same bits; a chunk's tail rows equal a
     shorter chunk's; pools that are views read like contiguous ones."""
     q, args, (k_ctx, v_ctx) = make_case(96, 500, 16, 8, 128, 16, seed=3, dtype=torch.float32)
     q = q * 6
-    out = f32_op(q, *args)
+    out = op(q, *args)
     exact = causal_attention(q.double(), k_ctx.double(), v_ctx.double())
     err = (out.double() - exact).abs().max().item()
     err_torch = (causal_attention(q, k_ctx, v_ctx).double() - exact).abs().max().item()
     assert err <= max(3 * err_torch, 1e-5), (err, err_torch)
-    assert torch.equal(out, f32_op(q, *args))
-    assert torch.equal(f32_op(q[-40:], *args), out[-40:])
+    assert torch.equal(out, op(q, *args))
+    assert torch.equal(op(q[-40:], *args), out[-40:])
     k_pool, v_pool, table, seq_len, scale, _, _ = args
     wide = torch.zeros(k_pool.shape[0], k_pool.shape[1], 10, 128)
     wide_v = wide.clone()
     wide[:, :, 1:9] = k_pool
     wide_v[:, :, 1:9] = v_pool
-    assert torch.equal(f32_op(q, wide[:, :, 1:9], wide_v[:, :, 1:9], table, seq_len, scale), out)
+    assert torch.equal(op(q, wide[:, :, 1:9], wide_v[:, :, 1:9], table, seq_len, scale), out)
 
 
 def test_supports() -> None:
@@ -202,7 +194,7 @@ def test_supports() -> None:
     assert supports(torch.float32, 128, 16, 8, flags=zen4) is None
     assert supports(torch.float32, 128, 16, 8, flags=amx) is None
     assert supports(torch.float32, 64, 16, 8, flags=avx2) is None
-    assert "AVX512-BF16" in supports(torch.bfloat16, 128, 16, 8, flags=avx2)
+    assert supports(torch.bfloat16, 128, 16, 8, flags=avx2) is None  # float32 arithmetic
     assert "AMX" in supports(torch.bfloat16, 128, 16, 8, flags=amx)
     assert "float16" in supports(torch.float16, 128, 16, 8, flags=zen4)
     assert "head_dim" in supports(torch.float32, 80, 16, 8, flags=zen4)

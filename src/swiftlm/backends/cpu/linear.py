@@ -22,6 +22,7 @@ from torch import nn
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import supports as gemv_supports
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.row_buckets import bucketed
+from swiftlm.platform import cpu_flags
 
 Gemv = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -114,7 +115,8 @@ def can_pack(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        flags = cpu_flags()  # torch asks the hardware; these follow SWIFTLM_CPU_ISA too
+        return ("avx512bw" in flags or "avx_ne_convert" in flags) and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return dtype == torch.float32
 
 

@@ -33,7 +33,7 @@ class CpuKernels:
     gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 or AVX2 (kernels/bf16_linear_cpu.cpp)
     amx: AmxKernel | None = None  # bf16 linear for small batches, AMX, and its row capacity
     attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512 or AVX2
-    prefill_attention: PagedPrefillAttention | None = None  # paged prefill (flash) attention, AVX512-BF16
+    prefill_attention: PagedPrefillAttention | None = None  # paged prefill (flash) attention, AVX-512 or AVX2
     decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
     quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
     missing: dict[str, str] = field(default_factory=dict)  # kernel -> why it is not here

@@ -19,12 +19,14 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.platform import cpu_flags, user_cache_dir
+from swiftlm.platform import cpu_flags, cpu_isa_override, user_cache_dir
 from swiftlm.threads import all_cpus
 
 logger = logging.getLogger(__name__)
 
 CPU_CFLAGS = ("-O3", "-march=native", "-fopenmp")
+# SWIFTLM_CPU_ISA=avx2 (platform.py): the native build without AVX-512 and AMX
+AVX2_ONLY_CFLAGS = ("-mno-avx512f", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 CPU_LDFLAGS = ("-fopenmp",)
 _DONE = "build.done"
 
@@ -55,6 +57,8 @@ def load_cpu_op_library(
 
     Returns the loaded library's path; raises whatever the compiler or loader raised.
     """
+    if cpu_isa_override() == "avx2":
+        cflags = (*cflags, *AVX2_ONLY_CFLAGS)
     key = hashlib.sha256()
     for part in (
         source.read_bytes(),

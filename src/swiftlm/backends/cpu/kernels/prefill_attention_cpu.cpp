@@ -19,13 +19,16 @@
 //   cycle); the weights rounded to bf16 in pairs (as torch's CPU flash attention rounds them for bf16
 //   inputs); P.V 8 rows x 32 dims. Products of bf16 values are exact in float32; only the order of the
 //   sums and the weights' rounding differ from the torch path's SDPA.
-// * float32 q (CPUs with AVX-512F, or AVX2 + FMA: the models that run in float32, the default where
-//   the CPU has no native bf16): K and V (float32, or 8-bit values times their scales in float32, as
-//   dequantize_kv computes them) packed as K [key group of W][dim][W keys] and V [key][dim], W the
-//   floats of a vector (16 or 8); scores of R rows x 2 vectors of keys, the weights kept in float32,
-//   P.V R rows x 2 vectors of dims, all on FMAs. R = 8 with 32 vector registers; 6 with 16 (a task's
-//   rows padded to 36), where 4 (8 accumulators, FMA latency x throughput) ran 0.65-0.8x as fast
-//   and 12 with 32 registers spilled. Only the order of the sums differs from the torch path's.
+// * float32 arithmetic (CPUs with AVX-512F, or AVX2 + FMA + F16C) for float32 q (the models that run in
+//   float32) and for bf16 q on CPUs without AVX512-BF16 (its values widened exactly; the output
+//   rounded to bf16): K and V (q's dtype widened, or 8-bit values times their scales in float32, as
+//   dequantize_kv computes them, rounded to bf16 for a bf16 q as it rounds them) packed as K [key group
+//   of W][dim][W keys] and V [key][dim], W the floats of a vector (16 or 8); scores of R rows x 2
+//   vectors of keys, the weights kept in float32, P.V R rows x 2 vectors of dims, all on FMAs. R = 8
+//   with 32 vector registers; 6 with 16 (a task's rows padded to 36), where 4 (8 accumulators, FMA
+//   latency x throughput) ran 0.65-0.8x as fast and 12 with 32 registers spilled. Products of bf16
+//   values are exact in float32; only the order of the sums (and, for a bf16 q, the weights left
+//   unrounded) differ from the torch path's.
 //
 // Tasks are taken head by head, the longest first within a head (the last positions see the most
 // keys), from a shared counter, so the threads of torch's intra-op pool finish together and read one
@@ -337,6 +340,10 @@ struct Vf {
   }
   template <typename F>
   static V widen(const uint8_t* p) { return F::widen16(p); }
+  static V widen_bf16(const u16* p) { return swiftlm_cpu::load16(p); }  // exact
+  // x rounded to bf16 (common.h's rule), as a float
+  static V round_bf16(V x) { return _mm512_castsi512_ps(_mm512_slli_epi32(swiftlm_cpu::bf16_bits(x), 16)); }
+  static void store_bf16(u16* p, V x) { swiftlm_cpu::store16(p, x); }
   // dst[i * W + j] = rows[j][c + i] for i, j < W
   static void transpose(const float* const* rows, int64_t c, float* dst) {
     __m512i t[16];
@@ -378,6 +385,18 @@ struct Vf {
   }
   template <typename F>
   static V widen(const uint8_t* p) { return F::widen8(p); }
+  static V widen_bf16(const u16* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static V round_bf16(V x) {  // common.h's rule on 8 lanes, as a float
+    const __m256i i = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(i, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(i, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))),
+                                       _mm256_set1_epi32(int(0xFFFF0000u)));
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                            _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  }
+  static void store_bf16(u16* p, V x) { swiftlm_cpu::store8_bf16(p, x); }
   static void transpose(const float* const* rows, int64_t c, float* dst) {
     __m256 r[8], t[8];
     for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(rows[j] + c);
@@ -403,13 +422,15 @@ constexpr bool kHaveF32 = false;
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 // Keys [W g, W g + W) of kv head h: Kp[i][j] = K_{W g + j}[i] (a vector holds dim i of W keys), Vp[j] =
-// V_{W g + j} (rows of d floats); keys at or past len are zeros. F: float for float32 pools, else the
-// 8-bit format (kv_quant.h), each value times its scale in float32 as dequantize_kv computes it; tk, tv:
-// scratch of W rows.
-template <typename F>
+// V_{W g + j} (rows of d floats); keys at or past len are zeros. F: the pool's element for pools of q's
+// dtype (float, or u16: bf16 bits, widened exactly), else the 8-bit format (kv_quant.h), each value
+// times its scale in float32 as dequantize_kv computes it (then rounded to bf16 for a bf16 q, Q = u16,
+// as dequantize_kv to bf16 rounds it); tk, tv: scratch of W rows.
+template <typename F, typename Q>
 void pack_group_f32(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kw, u32* vw, float* tk, float* tv) {
   constexpr int W = Vf::W;
-  using S = std::conditional_t<std::is_same_v<F, float>, float, uint8_t>;  // the pool's element
+  constexpr bool kPlain = std::is_same_v<F, float> || std::is_same_v<F, u16>;
+  using S = std::conditional_t<kPlain, F, uint8_t>;  // the pool's element
   const int64_t d = P.d;
   const S* kpool = static_cast<const S*>(P.k);
   const S* vpool = static_cast<const S*>(P.v);
@@ -419,10 +440,12 @@ void pack_group_f32(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kw, 
   const float* vr[W];
   for (int j = 0; j < W; ++j) {
     const int64_t key = g * W + j;
+    float* tkj = tk + j * d;
+    float* tvj = tv + j * d;
+    kr[j] = tkj, vr[j] = tvj;
     if (key >= len) {
-      std::fill(tk + j * d, tk + (j + 1) * d, 0.0f);
-      std::fill(tv + j * d, tv + (j + 1) * d, 0.0f);
-      kr[j] = tk + j * d, vr[j] = tv + j * d;
+      std::fill(tkj, tkj + d, 0.0f);
+      std::fill(tvj, tvj + d, 0.0f);
       continue;
     }
     const int64_t blk = P.table[key / P.bs], off = key % P.bs;
@@ -430,14 +453,21 @@ void pack_group_f32(const Pools& P, int64_t h, int64_t g, int64_t len, u32* kw, 
     const S* vrow = vpool + blk * P.v_sn + off * P.v_st + h * P.v_sh;
     if constexpr (std::is_same_v<S, float>) {
       kr[j] = krow, vr[j] = vrow;
+    } else if constexpr (std::is_same_v<S, u16>) {
+      for (int64_t i = 0; i < d; i += W) {
+        Vf::store(tkj + i, Vf::widen_bf16(krow + i));
+        Vf::store(tvj + i, Vf::widen_bf16(vrow + i));
+      }
     } else {
       const int64_t srow = (blk * P.bs + off) * P.hkv + h;
       const typename Vf::V mul = Vf::set1(F::kMul), ks = Vf::set1(P.ks[srow]), vs = Vf::set1(P.vs[srow]);
       for (int64_t i = 0; i < d; i += W) {
-        Vf::store(tk + j * d + i, Vf::mul(Vf::mul(Vf::template widen<F>(krow + i), mul), ks));
-        Vf::store(tv + j * d + i, Vf::mul(Vf::mul(Vf::template widen<F>(vrow + i), mul), vs));
+        typename Vf::V x = Vf::mul(Vf::mul(Vf::template widen<F>(krow + i), mul), ks);
+        typename Vf::V y = Vf::mul(Vf::mul(Vf::template widen<F>(vrow + i), mul), vs);
+        if constexpr (std::is_same_v<Q, u16>) x = Vf::round_bf16(x), y = Vf::round_bf16(y);
+        Vf::store(tkj + i, x);
+        Vf::store(tvj + i, y);
       }
-      kr[j] = tk + j * d, vr[j] = tv + j * d;
     }
   }
   for (int64_t c = 0; c < d; c += W) Vf::transpose(kr, c, kp + c * W);
@@ -450,10 +480,11 @@ constexpr int kPadRows = (kTaskRows + Vf::R - 1) / Vf::R * Vf::R;
 // Scratch of one worker in floats (q rows, scores then weights, accumulators, m, l, alpha), D dims.
 inline int64_t scratch_words_f32(int64_t d) { return 2 * kPadRows * d + kPadRows * kStepKeys + 3 * kPadRows; }
 
-// D dims (64, 128 or 256). Row rho of the task: position t.p0 + rho / G, query head t.h * G + rho % G.
-template <int D>
-void run_task_f32(const Task& t, const float* q, int64_t hq, int64_t G, int64_t past, const u32* kw_all,
-                  const u32* vw_all, int64_t groups, float scale_log2, u32* ws, float* out) {
+// D dims (64, 128 or 256); Q: float, or u16 (bf16 bits: q widened exactly, the output rounded to bf16).
+// Row rho of the task: position t.p0 + rho / G, query head t.h * G + rho % G.
+template <typename Q, int D>
+void run_task_f32(const Task& t, const Q* q, int64_t hq, int64_t G, int64_t past, const u32* kw_all,
+                  const u32* vw_all, int64_t groups, float scale_log2, u32* ws, Q* out) {
   using V = Vf::V;
   constexpr int W = Vf::W, R = Vf::R;
   const int64_t rows = t.np * G;
@@ -465,7 +496,11 @@ void run_task_f32(const Task& t, const float* q, int64_t hq, int64_t G, int64_t 
   float* alpha = l + kPadRows;
   for (int64_t r = 0; r < kPadRows; ++r) {  // rows past `rows` repeat the last (computed, never written)
     const int64_t rr = std::min(r, rows - 1);
-    std::memcpy(qf + r * D, q + ((t.p0 + rr / G) * hq + t.h * G + rr % G) * D, D * sizeof(float));
+    const Q* qr = q + ((t.p0 + rr / G) * hq + t.h * G + rr % G) * D;
+    if constexpr (std::is_same_v<Q, float>)
+      std::memcpy(qf + r * D, qr, D * sizeof(float));
+    else
+      for (int c = 0; c < D; c += W) Vf::store(qf + r * D + c, Vf::widen_bf16(qr + c));
     m[r] = kNegInf;
     l[r] = 0.0f;
   }
@@ -554,8 +589,14 @@ void run_task_f32(const Task& t, const float* q, int64_t hq, int64_t G, int64_t 
   }
   for (int64_t rho = 0; rho < rows; ++rho) {
     const V inv = Vf::set1(1.0f / l[rho]);
-    float* o = out + ((t.p0 + rho / G) * hq + t.h * G + rho % G) * D;
-    for (int c = 0; c < D; c += W) Vf::store(o + c, Vf::mul(Vf::load(acc + rho * D + c), inv));
+    Q* o = out + ((t.p0 + rho / G) * hq + t.h * G + rho % G) * D;
+    for (int c = 0; c < D; c += W) {
+      const V x = Vf::mul(Vf::load(acc + rho * D + c), inv);
+      if constexpr (std::is_same_v<Q, float>)
+        Vf::store(o + c, x);
+      else
+        Vf::store_bf16(o + c, x);
+    }
   }
 }
 #endif
@@ -629,8 +670,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_p
   const auto q_t = q_in.scalar_type();
   TORCH_CHECK(q_in.dim() == 3 && (q_t == at::kBFloat16 || q_t == at::kFloat),
               "q must be bfloat16 or float32 [T, Hq, D], got ", q_t, " ", q_in.sizes());
-  TORCH_CHECK(q_t != at::kBFloat16 || kHaveBf16, "bfloat16 q needs a CPU with AVX512-BF16");
-  TORCH_CHECK(q_t != at::kFloat || kHaveF32, "float32 q needs a CPU with AVX-512F, or AVX2 with FMA and F16C");
+  TORCH_CHECK(kHaveBf16 || kHaveF32, "the prefill kernel needs a CPU with AVX-512F, or AVX2 with FMA and F16C");
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes() && k_pool.scalar_type() == v_pool.scalar_type(),
               "k_pool and v_pool must both be [num_blocks, block_size, Hkv, D] of one dtype, got ", k_pool.sizes(),
               " and ", v_pool.sizes());
@@ -666,7 +706,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_p
                 scaled ? v_scales->const_data_ptr<float>() : nullptr, k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
                 v_pool.stride(0), v_pool.stride(1), v_pool.stride(2), table.data_ptr<int64_t>(), bs, Hkv, D};
   const float scale_log2 = static_cast<float>(scale * 1.4426950408889634);
-  if (q_t == at::kBFloat16) {
+  if (q_t == at::kBFloat16 && kHaveBf16) {
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
     Kernel<u16, u16> K{nullptr, nullptr, kKeys, D / 2 * kKeys, scratch_words(D)};
     switch (pool_t) {
@@ -680,15 +720,24 @@ at::Tensor paged_prefill_attention(const at::Tensor& q_in, const at::Tensor& k_p
 #endif
   } else {
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-    Kernel<float, float> K{nullptr, nullptr, Vf::W, D * Vf::W, scratch_words_f32(D)};
-    switch (pool_t) {
-      case at::kFloat: K.pack = pack_group_f32<float>; break;
-      case at::kChar: K.pack = pack_group_f32<swiftlm_kvq::I8>; break;
-      case at::kFloat8_e4m3fn: K.pack = pack_group_f32<swiftlm_kvq::E4M3>; break;
-      default: K.pack = pack_group_f32<swiftlm_kvq::E5M2>; break;
-    }
-    K.task = D == 64 ? run_task_f32<64> : D == 128 ? run_task_f32<128> : run_task_f32<256>;
-    prefill(K, P, q.const_data_ptr<float>(), out.data_ptr<float>(), T, Hq, seq_len, scale_log2);
+    // float32 arithmetic: a float32 q, or a bf16 one on a CPU without AVX512-BF16 (widened exactly)
+    auto run = [&](auto q_elem) {  // Q: q's element, and the pools' when they are q's dtype
+      using Q = decltype(q_elem);
+      Kernel<Q, float> K{nullptr, nullptr, Vf::W, D * Vf::W, scratch_words_f32(D)};
+      switch (pool_t) {
+        case at::kChar: K.pack = pack_group_f32<swiftlm_kvq::I8, Q>; break;
+        case at::kFloat8_e4m3fn: K.pack = pack_group_f32<swiftlm_kvq::E4M3, Q>; break;
+        case at::kFloat8_e5m2: K.pack = pack_group_f32<swiftlm_kvq::E5M2, Q>; break;
+        default: K.pack = pack_group_f32<Q, Q>; break;
+      }
+      K.task = D == 64 ? run_task_f32<Q, 64> : D == 128 ? run_task_f32<Q, 128> : run_task_f32<Q, 256>;
+      prefill(K, P, static_cast<const Q*>(q.const_data_ptr()), static_cast<Q*>(out.data_ptr()), T, Hq, seq_len,
+              scale_log2);
+    };
+    if (q_t == at::kFloat)
+      run(float{});
+    else
+      run(u16{});
 #endif
   }
   return out;

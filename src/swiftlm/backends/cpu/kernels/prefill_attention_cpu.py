@@ -1,11 +1,11 @@
-"""Prefill attention over the paged KV cache (``prefill_attention_cpu.cpp``): bf16 on CPUs with AVX512-BF16,
-float32 on CPUs with AVX-512F or AVX2 + FMA.
+"""Prefill attention over the paged KV cache (``prefill_attention_cpu.cpp``): bf16 on ``vdpbf16ps`` on CPUs
+with AVX512-BF16; float32, and bf16 widened to float32, on CPUs with AVX-512F or AVX2 + FMA.
 
 One request's chunk of prompt rows attends to its context read from the pools through its block
 table, with no gather of the blocks and no repeat of the KV heads: the op packs the context's K and
 V rows once a call and runs a flash attention over them (scores and P.V in float32 registers; in bf16
 on ``vdpbf16ps`` with the softmax weights rounded to bf16 as torch's CPU flash attention rounds them
-for bf16 inputs; in float32 on FMAs), causal and bottom-right aligned::
+for bf16 inputs; elsewhere on FMAs), causal and bottom-right aligned::
 
     paged_prefill_attention(q [T, Hq, D] bf16 | float32, k_pool [N, bs, Hkv, D], v_pool [N, bs, Hkv, D],
                             block_table [max_blocks] int64, seq_len: int, scale: float,
@@ -35,8 +35,8 @@ from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_
 from swiftlm.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("prefill_attention_cpu.cpp")
-REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")  # float32; bf16 needs BF16_CPU_FLAGS too
-BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")  # float32 arithmetic, for float32 and bf16
+BF16_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")  # bf16 on vdpbf16ps
 HEAD_DIMS = (64, 128, 256)
 MAX_GROUP = 32  # query heads per kv head in one task
 
@@ -46,15 +46,13 @@ PagedPrefillAttention = Callable[..., torch.Tensor]
 def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int,
              flags: frozenset[str] | None = None) -> str | None:
     """None if the kernel takes this attention shape's prefill on a CPU with ``flags`` (default: this
-    one's), else why not. bf16 needs AVX512-BF16, and on CPUs with AMX torch's flash attention runs
-    its matmuls on AMX tiles: the kernel's ``vdpbf16ps`` was measured against it only on CPUs without,
-    so it leaves them the bf16 prefill. float32 runs wherever the op loads (AVX2 + FMA)."""
+    one's), else why not. It runs wherever the op loads (AVX2 + FMA + F16C), except bf16 on CPUs with
+    AMX: there torch's flash attention runs its matmuls on AMX tiles, and the kernel was measured
+    against it only on CPUs without, so it leaves them the bf16 prefill."""
     flags = cpu_flags() if flags is None else flags
     if dtype == torch.bfloat16:
         if "amx_bf16" in flags:
             return "AMX: torch's flash attention takes the bfloat16 prefill"
-        if not all(f in flags for f in BF16_CPU_FLAGS):
-            return "bfloat16 on a CPU without AVX512-BF16"
     elif dtype != torch.float32:
         return f"{dtype_name(dtype)} activations (the kernel takes bfloat16 or float32)"
     if head_dim not in HEAD_DIMS:
@@ -67,10 +65,12 @@ def supports(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv_heads: int,
 
 
 def instruction_set(dtype: torch.dtype) -> str:
-    """What the kernel computes ``dtype`` with on this CPU: "AVX512-BF16", "AVX-512" or "AVX2"."""
-    if dtype == torch.bfloat16:
+    """What the kernel computes ``dtype`` with on this CPU: "AVX512-BF16", "AVX-512" or "AVX2" (float32
+    arithmetic, a bf16 q widened)."""
+    flags = cpu_flags()
+    if dtype == torch.bfloat16 and all(f in flags for f in BF16_CPU_FLAGS):
         return "AVX512-BF16"
-    return "AVX-512" if "avx512f" in cpu_flags() else "AVX2"
+    return "AVX-512" if "avx512f" in flags else "AVX2"
 
 
 @cache
