@@ -1,4 +1,5 @@
-"""The AVX512-BF16 GEMV kernel against float64 sums of the same bf16 values, and GemvLinear's dispatch."""
+"""The bf16 GEMV kernel (the build for this CPU and, on AVX-512 CPUs, the AVX2 one with its float32 GEMM
+for 16 rows or more) against float64 sums of the same bf16 values, and GemvLinear's dispatch."""
 
 from __future__ import annotations
 
@@ -7,21 +8,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS, load_bf16_gemv
+from swiftlm.backends.cpu.kernels.bf16_linear_cpu import (
+    REQUIRED_CPU_FLAGS,
+    load_bf16_gemv,
+    load_build_variant,
+)
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear, can_pack, use_gemv
 from swiftlm.platform import cpu_flags
 from tests.helpers.bf16_sums import check_against_float64
 
 
-@pytest.fixture(scope="module")
-def gemv():
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def gemv(request: pytest.FixtureRequest):
     op = load_bf16_gemv()
     if op is None:
         if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
             pytest.fail("the CPU has AVX2 and FMA but the GEMV kernel did not load; see the log")
         pytest.skip(f"bf16 GEMV kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
-    return op
+    if request.param == "native":
+        return op
+    if "avx512f" not in cpu_flags():
+        pytest.skip("the native build is the AVX2 one on this CPU")
+    variant = load_build_variant("swiftlm_bf16_avx2", ("-mno-avx512f",))
+    assert variant is not None, "the AVX2 build of the GEMV kernel failed on a CPU with AVX2; see the log"
+    return variant
 
 
 def test_kernel_loads_on_avx2_machines() -> None:
@@ -30,7 +41,7 @@ def test_kernel_loads_on_avx2_machines() -> None:
     assert load_bf16_gemv() is not None
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9])  # passes of 4 rows and every remainder
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 16, 23, 70])  # passes of 4 rows, every remainder; GEMM
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
 def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
@@ -60,6 +71,17 @@ def test_gemv_rows_do_not_depend_on_the_batch(gemv, n: int, k: int) -> None:
         assert torch.equal(gemv(x[i : i + 1].contiguous(), w)[0], together[i])
     for i in range(0, 6, 2):
         assert torch.equal(gemv(x[i : i + 2].contiguous(), w), together[i : i + 2])
+
+
+def test_many_rows_do_not_depend_on_the_other_rows(gemv) -> None:
+    # calls of 16 rows or more (the AVX2 build's GEMM, blocks of 6 rows, k in chunks of 256): a row's
+    # result is the same bits whichever rows share its call and block
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(41, 640, generator=g).bfloat16()
+    w = torch.randn(37, 640, generator=g).bfloat16()
+    together = gemv(x, w)
+    assert torch.equal(gemv(x[5:25].contiguous(), w), together[5:25])
+    assert torch.equal(gemv(x[20:].contiguous(), w), together[20:])
 
 
 def test_gemv_rounds_half_to_even_and_keeps_special_values(gemv) -> None:

@@ -1,13 +1,39 @@
-"""``SWIFTLM_CPU_ISA=avx2``: an AVX-512 CPU run as an AVX2 one (its flags, the kernels' builds)."""
+"""What the machine's instruction sets choose: ``--dtype auto`` on the CPU backend, and
+``SWIFTLM_CPU_ISA=avx2`` (an AVX-512 CPU run as an AVX2 one: its flags, the kernels' builds)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
+from swiftlm.backends.cpu import backend as cpu_backend
+from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.kernels import build
+from swiftlm.backends.cpu.ops import CpuKernels
+from swiftlm.backends.torch import TorchBackend
 from swiftlm.platform import CPU_ISA_ENV, cpu_flags, cpu_isa_override
+
+
+def gemv_stub(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w.T
+
+
+@pytest.mark.parametrize(
+    ("native_bf16", "gemv", "expected"),
+    [(True, True, "bfloat16"), (True, False, "bfloat16"),  # native bf16: as platform.resolve_dtype
+     (False, True, "bfloat16"),  # AVX2: the bf16 kernels read half the bytes of float32
+     (False, False, "float32")],  # no kernel (no compiler, no AVX2): torch's bf16 is slow there
+)
+def test_auto_dtype_on_the_cpu_backend(monkeypatch, native_bf16, gemv, expected) -> None:
+    monkeypatch.setattr(cpu_backend, "cpu_has_bf16", lambda: native_bf16)
+    monkeypatch.setattr("swiftlm.platform.cpu_has_bf16", lambda: native_bf16)
+    backend = CpuBackend(kernels=CpuKernels(gemv=gemv_stub if gemv else None))
+    assert backend.resolve_dtype("auto") == expected
+    assert backend.resolve_dtype("float32") == "float32"
+    assert backend.resolve_dtype("bfloat16") == "bfloat16"
+    assert TorchBackend("cpu").resolve_dtype("auto") == ("bfloat16" if native_bf16 else "float32")
 
 
 def test_cpu_isa_avx2_masks_flags_and_builds(monkeypatch, tmp_path) -> None:

@@ -33,6 +33,7 @@ from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.config import DEFAULT_BLOCK_SIZE, ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
+from swiftlm.platform import resolve_dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,11 @@ class Backend(ABC):
         self.device = device
         self.fallbacks: list[Fallback] = []  # filled by prepare()
         self.plan: list[str] = []  # what runs where, in words; filled by prepare()
+
+    def resolve_dtype(self, name: str) -> str:
+        """The dtype to load the model in for ``--dtype name``: ``auto`` becomes the machine's default
+        (``platform.resolve_dtype``) unless the backend knows better; any other name is kept."""
+        return resolve_dtype(name, self.device)
 
     @abstractmethod
     def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:

@@ -23,7 +23,6 @@ from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
-from swiftlm.platform import resolve_dtype
 from swiftlm.runner.runner import ModelRunner, SampledToken
 from swiftlm.runner.sampler import SamplingRow
 from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
@@ -108,12 +107,12 @@ class Engine:
         self.config = config
         self.source = resolve_model(config.model, config.gguf_file)
         self.model_dir = self.source.directory
-        self.dtype = resolve_dtype(config.dtype, config.device)
         t0 = time.perf_counter()
         # the tokenizer (~0.5 s of parsing, mostly outside the GIL) loads while the weights do
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-tokenizer") as pool:
             tokenizer = pool.submit(load_tokenizer, self.source, config.chat_template)
             self.backend = backend if backend is not None else build_backend(config)
+            self.dtype = self.backend.resolve_dtype(config.dtype)  # auto: what the backend runs fastest
             self.model = load_model(self.source, self.dtype, config.device)
             self.backend.prepare(self.model, config.quantization)
             self.tokenizer = tokenizer.result()

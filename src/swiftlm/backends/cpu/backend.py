@@ -48,6 +48,7 @@ from swiftlm.backends.quant import quantize
 from swiftlm.backends.row_buckets import warm_row_buckets
 from swiftlm.config import ModelConfig
 from swiftlm.model.decoder import Attention, DecoderForCausalLM
+from swiftlm.platform import cpu_has_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,18 @@ class CpuBackend(Backend):
         self.prefill_kernel = None  # the paged prefill attention kernel, when it supports the model
         self.weight_arena: torch.Tensor | None = None  # keeps the placed weights alive
         self.num_kernel_linears = 0
+
+    def resolve_dtype(self, name: str) -> str:
+        """``auto`` is bfloat16 on CPUs with native bf16 (as ``platform.resolve_dtype`` says) and also on
+        CPUs without it where the bf16 GEMV kernel runs (AVX2 + FMA): it widens bf16 to float32 as it
+        reads (a decode step reads half the bytes of float32 weights) and takes prefill rows as a
+        float32 GEMM. With AVX2 code on a Zen4 VM (``SWIFTLM_CPU_ISA=avx2``) bf16 decoded 2.6x as fast as
+        float32 and reached the first token 1.0-1.08x as fast (BENCHMARKS.md). Without the kernel (no
+        compiler, no AVX2) float32 stays: torch's own bf16 matmul is slow on such CPUs."""
+        if name != "auto" or cpu_has_bf16() or self.kernels.gemv is None:
+            return super().resolve_dtype(name)
+        logger.info("dtype auto -> bfloat16 on cpu (no native bf16: swiftlm's bf16 kernels widen it as they read)")
+        return "bfloat16"
 
     # -- preparing the model -----------------------------------------------------------------------
     def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:

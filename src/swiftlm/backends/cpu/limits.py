@@ -12,9 +12,10 @@ layers, bf16 1024 -> 3072 on one core: M = 32: GEMV 0.56 ms vs dequantise + dens
 1.03 vs 1.48; 128: 2.03 vs 1.83: the quantised GEMV takes up to 64 rows.
 
 Where oneDNN has no bf16 path (AVX2 CPUs without AVX-512: torch's bf16 matmul runs at ~12 GFLOP/s
-on a 2-core Zen3 VM), the bf16 GEMV takes every row count, prefill chunks included, one pass over
-the weights per 64 rows: 6144 x 1024 at 8 rows 2.0 vs 8.8 ms for F.linear, 32 rows 7.3 vs 40, 128
-rows 27 vs 136 (2 threads).
+on a 2-core Zen3 VM), the bf16 kernel takes every row count, prefill chunks included: the GEMV up to
+15 rows (6144 x 1024 at 8 rows 2.0 vs 8.8 ms for F.linear), a float32 GEMM from 16 (bf16_gemv.h:
+144-182 GFLOP/s at 64-512 rows with AVX2 code on a Zen4 VM, where the GEMV's passes of 64 rows ran
+at ~80 and oneDNN's float32 matmul at ~150).
 """
 
 from __future__ import annotations

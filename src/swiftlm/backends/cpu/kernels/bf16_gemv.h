@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "common.h"  // bf16_bits
 
@@ -156,9 +158,131 @@ inline void whole_rows(const uint16_t* x, int64_t m, int64_t k, const uint16_t* 
 // group streams past them once.
 constexpr int64_t ROW_BLOCK = 64;
 
+#if !defined(__AVX512BF16__)
+// Many rows on CPUs without AVX512-BF16 (prefill chunks: oneDNN has no bf16 matmul on AVX2 CPUs): a
+// float32 GEMM. The activations are widened to float32 once a call; each panel of GN output channels
+// is widened and transposed once into [k][GN] floats (64 KB at k = 1024, in L2), then every block of
+// GM rows runs over it with GM x 2 accumulators in registers: per k, 2 panel loads, GM broadcasts and
+// 2 GM FMAs, where the GEMV's passes widen both operands for every 4 rows x 2 channels. Each output is
+// one float32 chain over k ascending (the GEMV's are 8 partial sums), rounded once to bf16: a row's
+// bits may differ between calls of fewer and of GEMM_MIN_ROWS or more rows, as they already do where
+// oneDNN takes the larger calls.
+constexpr int64_t GEMM_MIN_ROWS = 16;
+constexpr int GM = 6;   // rows of a register block: 12 accumulators, 2 panel vectors, a broadcast
+constexpr int GN = 16;  // output channels of a panel: two vectors of 8
+
+inline float bf16_to_float(uint16_t b) {  // exact
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline __m256 widen8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// bp[kk][j] = w[j][kk] as float32 for the panel's `cols` rows (j < GN, rows k values apart; rows past
+// cols are zeros), kk < kc (a multiple of 8)
+inline void pack_panel(const uint16_t* w, int64_t k, int64_t kc, int cols, float* bp) {
+  for (int j0 = 0; j0 < GN; j0 += 8) {
+    for (int64_t kk = 0; kk < kc; kk += 8) {
+      __m256 r[8], t[8];
+      for (int j = 0; j < 8; ++j)
+        r[j] = j0 + j < cols ? widen8_bf16(w + (j0 + j) * k + kk) : _mm256_setzero_ps();
+      for (int j = 0; j < 8; j += 2) {  // the 8 x 8 transpose of prefill_attention_cpu.cpp's AVX2 Vf
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+      }
+      for (int j = 0; j < 8; j += 4) {
+        r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+        r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+      }
+      for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps(bp + (kk + i) * GN + j0, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20));
+        _mm256_storeu_ps(bp + (kk + i + 4) * GN + j0, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31));
+      }
+    }
+  }
+}
+
+// c[r][0 .. GN) (+)= a_r . panel over kc values of k, for the GM rows of a block packed [k][GM] (rows
+// past m zeros): each k's GM broadcasts read one 24-byte run (rows k floats apart would sit 4 KB apart
+// at k = 1024, in one L1 set), and the panel's kc x GN floats (16 KB) stay in L1 across the blocks
+template <bool kFirst>
+inline void gemm_block(const float* ap, int64_t kc, const float* bp, float* c) {
+  __m256 acc[GM][2];
+  for (int r = 0; r < GM; ++r) {
+    acc[r][0] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * GN);
+    acc[r][1] = kFirst ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * GN + 8);
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(bp + kk * GN), b1 = _mm256_loadu_ps(bp + kk * GN + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < GM; ++r) {
+      const __m256 s = _mm256_broadcast_ss(ap + kk * GM + r);
+      acc[r][0] = _mm256_fmadd_ps(s, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(s, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < GM; ++r) {
+    _mm256_storeu_ps(c + r * GN, acc[r][0]);
+    _mm256_storeu_ps(c + r * GN + 8, acc[r][1]);
+  }
+}
+
+constexpr int64_t GEMM_KC = 256;  // k values a panel chunk holds: 16 KB of floats
+
+inline void gemm_into(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w_all, int64_t n, uint16_t* out) {
+  // the activations widened to float32 once, in blocks of GM rows packed [k][GM] (the last block's
+  // missing rows zeros), kept by the calling thread (grow-only)
+  thread_local std::vector<float> a_buf;
+  const int64_t blocks = (m + GM - 1) / GM;
+  if (a_buf.size() < size_t(blocks * k * GM)) a_buf.resize(size_t(blocks * k * GM));
+  float* a = a_buf.data();
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int r = 0; r < GM; ++r) {
+        const int64_t row = b * GM + r;
+        float* dst = a + b * k * GM + r;
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * GM] = row < m ? bf16_to_float(x[row * k + kk]) : 0.0f;
+      }
+  });
+  const int64_t panels = (n + GN - 1) / GN;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> bp(size_t(GEMM_KC * GN)), c(size_t(blocks * GM * GN));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * GN;
+      const int cols = int(std::min<int64_t>(GN, n - n0));
+      for (int64_t k0 = 0; k0 < k; k0 += GEMM_KC) {  // k is a multiple of 32 (KB)
+        const int64_t kc = std::min(GEMM_KC, k - k0);
+        pack_panel(w_all + n0 * k + k0, k, kc, cols, bp.data());
+        for (int64_t b = 0; b < blocks; ++b) {
+          const float* ap = a + b * k * GM + k0 * GM;
+          if (k0 == 0)
+            gemm_block<true>(ap, kc, bp.data(), c.data() + b * GM * GN);
+          else
+            gemm_block<false>(ap, kc, bp.data(), c.data() + b * GM * GN);
+        }
+      }
+      for (int64_t r = 0; r < m; ++r)  // float32 sums rounded once to bf16
+        for (int j = 0; j < cols; ++j) out[r * n + n0 + j] = swiftlm_cpu::bf16_bits(c[r * GN + j]);
+    }
+  });
+}
+#endif
+
 // out[m, n] = bf16(x[m, :] . w[n, :]) for x [m, k], w [n, k] row-major bf16 bits, out [m, n]; k % 32 == 0.
 inline void gemv_into(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w_all, int64_t n, uint16_t* out) {
   if (m == 0 || n == 0) return;
+#if !defined(__AVX512BF16__)
+  if (m >= GEMM_MIN_ROWS) {
+    gemm_into(x, m, k, w_all, n, out);
+    return;
+  }
+#endif
   if (m > ROW_BLOCK) {  // one pass over the weights per block of rows
     for (int64_t r0 = 0; r0 < m; r0 += ROW_BLOCK)
       gemv_into(x + r0 * k, std::min(ROW_BLOCK, m - r0), k, w_all, n, out + r0 * n);

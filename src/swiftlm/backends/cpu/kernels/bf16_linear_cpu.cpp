@@ -1,5 +1,6 @@
 // bf16 x bf16 -> bf16 linear layer for a few rows (decode), on x86 CPUs with AVX512-BF16, or with
-// AVX2 + FMA (op torch.ops.swiftlm_bf16.gemv). The kernel itself is in bf16_gemv.h, which has both.
+// AVX2 + FMA (op torch.ops.swiftlm_bf16.gemv; there also a float32 GEMM for calls of 16 rows or more,
+// prefill chunks among them). The kernel itself is in bf16_gemv.h, which has both.
 //
 //   y[m, n] = bf16( sum_k x[m, k] * w[n, k] )     x [M, K], w [N, K] row-major (nn.Linear's layout)
 //
@@ -54,4 +55,13 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& weight) {
 
 }  // namespace
 
-TORCH_LIBRARY(swiftlm_bf16, lib) { swiftlm_cpu::def_cpu(lib, "gemv(Tensor x, Tensor weight) -> Tensor", &gemv); }
+// The op library's namespace: swiftlm_bf16, or another name for a second build of this source in one
+// process (the tests build the AVX2 variant on AVX-512 CPUs under its own name). TORCH_LIBRARY pastes
+// its first argument: the macro is expanded one level up.
+#ifndef SWIFTLM_BF16_NS
+#define SWIFTLM_BF16_NS swiftlm_bf16
+#endif
+#define SWIFTLM_DEFINE_LIBRARY(ns, lib) TORCH_LIBRARY(ns, lib)
+SWIFTLM_DEFINE_LIBRARY(SWIFTLM_BF16_NS, lib) {
+  swiftlm_cpu::def_cpu(lib, "gemv(Tensor x, Tensor weight) -> Tensor", &gemv);
+}

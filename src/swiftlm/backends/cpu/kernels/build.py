@@ -125,3 +125,12 @@ def try_load_cpu_op_library(
         logger.debug("%s build failure", what, exc_info=True)
         return False
     return True
+
+
+def try_load_op_variant(namespace: str, source: Path, what: str, required_cpu_flags: Sequence[str], macro: str,
+                        cflags: Sequence[str]) -> bool:
+    """``try_load_cpu_op_library`` for a second build of ``source`` in the same process: its ops under
+    ``namespace`` (the source names its library ``macro``, defined here), compiled with ``cflags`` added
+    to the usual ones (``-mno-avx512f``: the AVX2 code on an AVX-512 CPU, for its tests)."""
+    flags = (*CPU_CFLAGS, *cflags, f"-D{macro}={namespace}")
+    return try_load_cpu_op_library(namespace, source, f"{what} ({namespace})", required_cpu_flags, flags)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
+from swiftlm.backends.cpu.kernels.build import dtype_name, try_load_cpu_op_library, try_load_op_variant
 from swiftlm.platform import cpu_flags
 
 SOURCE = Path(__file__).with_name("prefill_attention_cpu.cpp")
@@ -85,8 +85,7 @@ def load_prefill_attention() -> PagedPrefillAttention | None:
 def load_build_variant(namespace: str, cflags: tuple[str, ...]) -> PagedPrefillAttention | None:
     """A second build of the source under its own op namespace, compiled with ``cflags`` added to the
     usual ones (``-mno-avx512f``: the AVX2 code on an AVX-512 CPU, for its tests), or None."""
-    flags = (*CPU_CFLAGS, *cflags, f"-DSWIFTLM_PREFILL_NS={namespace}")
-    if not try_load_cpu_op_library(namespace, SOURCE, f"prefill attention kernel ({namespace})",
-                                   REQUIRED_CPU_FLAGS, flags):
+    if not try_load_op_variant(namespace, SOURCE, "prefill attention kernel", REQUIRED_CPU_FLAGS,
+                               "SWIFTLM_PREFILL_NS", cflags):
         return None
     return getattr(torch.ops, namespace).paged_prefill_attention.default
