@@ -17,22 +17,13 @@ from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear, can_pack, use_gemv
 from swiftlm.platform import cpu_flags
 from tests.helpers.bf16_sums import check_against_float64
+from tests.helpers.cpu_kernels import build_or_skip
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
 def gemv(request: pytest.FixtureRequest):
-    op = load_bf16_gemv()
-    if op is None:
-        if all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS):
-            pytest.fail("the CPU has AVX2 and FMA but the GEMV kernel did not load; see the log")
-        pytest.skip(f"bf16 GEMV kernel unavailable: CPU lacks {REQUIRED_CPU_FLAGS}")
-    if request.param == "native":
-        return op
-    if "avx512f" not in cpu_flags():
-        pytest.skip("the native build is the AVX2 one on this CPU")
-    variant = load_build_variant("swiftlm_bf16_avx2", ("-mno-avx512f",))
-    assert variant is not None, "the AVX2 build of the GEMV kernel failed on a CPU with AVX2; see the log"
-    return variant
+    return build_or_skip(request.param, load_bf16_gemv, load_build_variant, "swiftlm_bf16_avx2", REQUIRED_CPU_FLAGS,
+                         "bf16 GEMV kernel")
 
 
 def test_kernel_loads_on_avx2_machines() -> None:

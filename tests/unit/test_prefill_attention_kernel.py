@@ -16,22 +16,15 @@ from swiftlm.backends.cpu.kernels.prefill_attention_cpu import (
     supports,
 )
 from swiftlm.backends.kv_quant import dequantize_kv, kv_format, quantize_kv
-from swiftlm.platform import cpu_flags
-from tests.helpers.cpu_kernels import kernel_or_skip
+from tests.helpers.cpu_kernels import build_or_skip
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
 def op(request: pytest.FixtureRequest):
     """The build for this CPU (bf16 on vdpbf16ps where it has AVX512-BF16), and on AVX-512 CPUs the AVX2
     code built apart (float32 arithmetic for both dtypes)."""
-    native = kernel_or_skip(load_prefill_attention, REQUIRED_CPU_FLAGS, "prefill attention kernel")
-    if request.param == "native":
-        return native
-    if "avx512f" not in cpu_flags():
-        pytest.skip("the native build is the AVX2 one on this CPU")
-    variant = load_build_variant("swiftlm_prefill_attention_avx2", ("-mno-avx512f",))
-    assert variant is not None, "the AVX2 build of the prefill kernel failed on a CPU with AVX2; see the log"
-    return variant
+    return build_or_skip(request.param, load_prefill_attention, load_build_variant, "swiftlm_prefill_attention_avx2",
+                         REQUIRED_CPU_FLAGS, "prefill attention kernel")
 
 
 def make_case(t, seq_len, hq, hkv, d, block_size, kv="plain", seed=0, spare_blocks=5, dtype=torch.bfloat16):
