@@ -82,7 +82,7 @@ class CpuBackend(Backend):
         """``auto`` is bfloat16 on CPUs with native bf16 (as ``platform.resolve_dtype`` says) and also on
         CPUs without it where the bf16 GEMV kernel runs (AVX2 + FMA): it widens bf16 to float32 as it
         reads (a decode step reads half the bytes of float32 weights) and takes prefill rows as a
-        float32 GEMM. With AVX2 code on a Zen4 VM (``SWIFTLM_CPU_ISA=avx2``) bf16 decoded 2.6x as fast as
+        float32 GEMM. With AVX2 code on a Zen4 VM (``SWIFTLM_CPU_ISA=avx2``) bf16 decoded 2.6-3.6x as fast as
         float32 and reached the first token 1.0-1.08x as fast (BENCHMARKS.md). Without the kernel (no
         compiler, no AVX2) float32 stays: torch's own bf16 matmul is slow on such CPUs."""
         if name != "auto" or cpu_has_bf16() or self.kernels.gemv is None:
