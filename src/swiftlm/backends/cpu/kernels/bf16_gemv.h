@@ -178,32 +178,15 @@ inline float bf16_to_float(uint16_t b) {  // exact
   return f;
 }
 
-inline __m256 widen8_bf16(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-
 // bp[kk][j] = w[j][kk] as float32 for the panel's `cols` rows (j < GN, rows k values apart; rows past
 // cols are zeros), kk < kc (a multiple of 8)
 inline void pack_panel(const uint16_t* w, int64_t k, int64_t kc, int cols, float* bp) {
   for (int j0 = 0; j0 < GN; j0 += 8) {
     for (int64_t kk = 0; kk < kc; kk += 8) {
-      __m256 r[8], t[8];
-      for (int j = 0; j < 8; ++j)
-        r[j] = j0 + j < cols ? widen8_bf16(w + (j0 + j) * k + kk) : _mm256_setzero_ps();
-      for (int j = 0; j < 8; j += 2) {  // the 8 x 8 transpose of prefill_attention_cpu.cpp's AVX2 Vf
-        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-      }
-      for (int j = 0; j < 8; j += 4) {
-        r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
-        r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
-        r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
-        r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
-      }
-      for (int i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(bp + (kk + i) * GN + j0, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20));
-        _mm256_storeu_ps(bp + (kk + i + 4) * GN + j0, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31));
-      }
+      __m256 r[8];
+      for (int j = 0; j < 8; ++j) r[j] = j0 + j < cols ? swiftlm_cpu::load8(w + (j0 + j) * k + kk) : _mm256_setzero_ps();
+      swiftlm_cpu::transpose8(r);
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(bp + (kk + i) * GN + j0, r[i]);
     }
   }
 }

@@ -167,6 +167,31 @@ inline __m256 exp_ps8(__m256 x) {
 
 inline float exp2_one8(float x) { return _mm256_cvtss_f32(exp2_ps8(_mm256_set1_ps(x))); }
 
+// 8 bf16 values as float32 lanes: exact, a shift into the high half
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// 8 x 8 floats transposed in place: r[i] becomes lane i of each of r[0 .. 8)
+inline void transpose8(__m256* r) {
+  __m256 t[8];
+  for (int j = 0; j < 8; j += 2) {  // t[j]: rows j, j + 1 interleaved (lanes 0, 1 | 4, 5); t[j + 1]: (2, 3 | 6, 7)
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  __m256 u[8];
+  for (int j = 0; j < 8; j += 4) {  // u[j + i]: lane i (| i + 4) of rows j .. j + 3
+    u[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+    u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+    u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+    u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {  // lane i from the low halves, lane i + 4 from the high ones
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+
 // lane j of the result: the sum of the 8 lanes of a[j]
 inline __m256 hsum8(const __m256* a) {
   const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);

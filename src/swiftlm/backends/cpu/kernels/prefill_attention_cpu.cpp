@@ -385,9 +385,7 @@ struct Vf {
   }
   template <typename F>
   static V widen(const uint8_t* p) { return F::widen8(p); }
-  static V widen_bf16(const u16* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-  }
+  static V widen_bf16(const u16* p) { return swiftlm_cpu::load8(p); }  // exact
   static V round_bf16(V x) {  // common.h's rule on 8 lanes, as a float
     const __m256i i = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(i, 16), _mm256_set1_epi32(1));
@@ -398,22 +396,10 @@ struct Vf {
   }
   static void store_bf16(u16* p, V x) { swiftlm_cpu::store8_bf16(p, x); }
   static void transpose(const float* const* rows, int64_t c, float* dst) {
-    __m256 r[8], t[8];
+    __m256 r[8];
     for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(rows[j] + c);
-    for (int j = 0; j < 8; j += 2) {  // t[j]: rows j, j + 1 interleaved (floats 0, 1 | 4, 5); t[j + 1]: (2, 3 | 6, 7)
-      t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-      t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-    }
-    for (int j = 0; j < 8; j += 4) {  // r[j + i]: float i (| i + 4) of rows j .. j + 3
-      r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
-      r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
-      r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
-      r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; ++i) {  // float i from the low halves, float i + 4 from the high ones
-      _mm256_storeu_ps(dst + i * 8, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20));
-      _mm256_storeu_ps(dst + (i + 4) * 8, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31));
-    }
+    swiftlm_cpu::transpose8(r);
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + i * 8, r[i]);
   }
 };
 #else
