@@ -37,7 +37,7 @@ VLLM_NO_OPS = {
     "trust_remote_code": "no code from a checkpoint is ever run",
     "disable_log_stats": "no periodic stats line is logged",
     "tokenizer_mode": "the model's tokenizer.json is always used",
-    "max_seq_len_to_capture": "no CUDA graphs are captured",
+    "max_seq_len_to_capture": "the CUDA decode graphs cover every length up to max_model_len",
     "disable_custom_all_reduce": "one device: there is no all-reduce",
     "num_scheduler_steps": "one engine step per schedule",
 }

@@ -14,6 +14,7 @@ from swiftlm import LLM, SamplingParams
 from swiftlm.backends.cuda.device import CudaUnavailableError
 from swiftlm.backends.torch import TorchBackend
 from swiftlm.cli import main
+from tests.conftest import make_tiny_model
 from tests.unit.triton_interpreted import import_interpreted, interpreter_env, triton_installed
 
 CUDA = torch.cuda.is_available()
@@ -45,6 +46,7 @@ def test_generation_through_the_triton_attention_equals_the_torch_backend(
     backend = interpreted_backend(device="cpu", interpret=True)
     triton_llm = LLM(str(tiny_untied_dir), backend=backend, **engine)
     assert "attention: Triton" in backend.describe()
+    assert backend.step_plan is not None  # norms, q/k norm + rotary, SiLU-multiply: the fused Triton kernels
     assert type(triton_llm.engine.runner.attention).__name__ == "TritonPagedAttention"
     plain = greedy_tokens(LLM(str(tiny_untied_dir), backend=TorchBackend("cpu"), **engine), prompts, 6)
     first = greedy_tokens(triton_llm, prompts, 6)
@@ -68,3 +70,24 @@ def test_device_cuda_without_cuda_is_a_clear_error(tiny_tied_dir: Path, capsys: 
         LLM(str(tiny_tied_dir), device="cuda")
     assert main(["generate", "--model", str(tiny_tied_dir), "--device", "cuda:1", "hello"]) == 2
     assert "error: --device cuda:1:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("head_dim", "fused"), [(15, False), (20, True)])
+def test_an_odd_head_dim_falls_back_to_the_models_own_forward(
+    interpreted_backend: type, tmp_path: Path, head_dim: int, fused: bool
+) -> None:
+    """head_dim 15: the fused q/k norm + rotary kernel pairs halves, so the model's own forward runs
+    (named among the fallbacks); 20: a half of 10, padded in the kernel. Greedy tokens identical to the
+    plain torch backend either way."""
+    shape = {"hidden_size": 48, "intermediate_size": 72, "num_hidden_layers": 2, "num_attention_heads": 3,
+             "num_key_value_heads": 1, "head_dim": head_dim, "max_position_embeddings": 256,
+             "tie_word_embeddings": False}
+    path = make_tiny_model(tmp_path / "model", shape, seed=5)
+    engine = dict(dtype="float32", block_size=4, max_num_seqs=2, num_blocks=32)
+    backend = interpreted_backend(device="cpu", interpret=True)
+    llm = LLM(str(path), backend=backend, **engine)
+    assert (backend.step_plan is not None) == fused
+    assert ("fused elementwise kernels" in backend.describe()) == (not fused)
+    prompts = [list(range(40, 49)), [3, 1, 4, 1, 5]]
+    plain = greedy_tokens(LLM(str(path), backend=TorchBackend("cpu"), **engine), prompts, 5)
+    assert greedy_tokens(llm, prompts, 5) == plain

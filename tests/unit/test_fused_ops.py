@@ -1,22 +1,47 @@
-"""The fused CPU ops against the plain torch code of swiftlm.model.layers they replace."""
+"""The fused elementwise ops against the plain torch code of swiftlm.model.layers they replace: the
+CPU backend's (C++) and the CUDA backend's (Triton kernels, under Triton's interpreter on CPU
+tensors)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from swiftlm.backends.cpu.kernels.fused_cpu import load_fused_ops
+from swiftlm.backends.fused_forward import FusedOps
 from swiftlm.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from tests.unit.triton_interpreted import import_interpreted, interpreter_env, triton_installed
 
+if not triton_installed():
+    pytest.fail("triton is not installed: pip install -e .[test]", pytrace=False)
+
+TRITON_OPS = import_interpreted()["fused_ops"]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.fixture(scope="module")
-def ops():
+def cpu_ops() -> FusedOps:
     loaded = load_fused_ops()
     assert loaded is not None, "the fused ops are plain C++ and must build wherever torch extensions do"
     return loaded
+
+
+@pytest.fixture(scope="module", params=["cpu", "triton"])
+def ops(request: pytest.FixtureRequest, cpu_ops: FusedOps) -> Iterator[FusedOps]:
+    if request.param == "cpu":
+        yield cpu_ops
+        return
+    with interpreter_env():
+        yield TRITON_OPS.triton_fused_ops()
+
+
+def _rows(ops: FusedOps, rows: int) -> int:
+    """The row count a case runs: the Triton kernels (one program per row, interpreted one by one)
+    take at most 12; the large counts are there for the CPU ops' split of rows over threads."""
+    return rows if ops is load_fused_ops() else min(rows, 12)
 
 
 def _assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -42,6 +67,7 @@ def _norm(dim: int, dtype: torch.dtype, seed: int) -> RMSNorm:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 700])
 def test_rms_norm(ops, dtype: torch.dtype, rows: int) -> None:
+    rows = _rows(ops, rows)
     norm = _norm(96, dtype, rows)
     x = (torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
     _assert_same(ops.rms_norm(x, norm.weight, norm.eps), norm(x))
@@ -50,6 +76,7 @@ def test_rms_norm(ops, dtype: torch.dtype, rows: int) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 600])
 def test_add_rms_norm_updates_the_residual_in_place(ops, dtype: torch.dtype, rows: int) -> None:
+    rows = _rows(ops, rows)
     norm = _norm(64, dtype, 2)
     g = torch.Generator().manual_seed(rows)
     residual = torch.randn(rows, 64, generator=g).to(dtype)
@@ -61,9 +88,10 @@ def test_add_rms_norm_updates_the_residual_in_place(ops, dtype: torch.dtype, row
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 4, 300])
-def test_qk_norm_rope(ops, dtype: torch.dtype, rows: int) -> None:
-    hq, hk, dh = 4, 2, 32
+@pytest.mark.parametrize(("rows", "dh"), [(1, 32), (4, 32), (300, 32), (3, 20), (2, 128)])
+def test_qk_norm_rope(ops, dtype: torch.dtype, rows: int, dh: int) -> None:
+    rows = _rows(ops, rows)
+    hq, hk = 4, 2
     g = torch.Generator().manual_seed(rows)
     qkv = torch.randn(rows, (hq + 2 * hk) * dh, generator=g).to(dtype)
     q_norm, k_norm = _norm(dh, dtype, 3), _norm(dh, dtype, 4)
@@ -78,7 +106,22 @@ def test_qk_norm_rope(ops, dtype: torch.dtype, rows: int) -> None:
     _assert_same(k, k_ref)
 
 
-def test_qk_norm_rope_rejects_positions_outside_the_table(ops) -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_without_norm_weights_only_rotates(ops, dtype: torch.dtype) -> None:
+    hq, hk, dh, rows = 3, 1, 16, 5  # Llama and Qwen2 have no q/k norm
+    qkv = torch.randn(rows, (hq + 2 * hk) * dh, generator=torch.Generator().manual_seed(9)).to(dtype)
+    rotary = RotaryEmbedding(dh, 64, 10000.0)
+    positions = torch.arange(rows) * 7
+    empty = torch.empty(0, dtype=dtype)
+    q, k = ops.qk_norm_rope(qkv, empty, empty, rotary.cos_cached, rotary.sin_cached, positions, hq, hk, 0.0)
+    q_ref, k_ref = apply_rotary(qkv[:, : hq * dh].reshape(rows, hq, dh),
+                                qkv[:, hq * dh : (hq + hk) * dh].reshape(rows, hk, dh), rotary.table(positions, dtype))
+    _assert_same(q, q_ref)
+    _assert_same(k, k_ref)
+
+
+def test_qk_norm_rope_rejects_positions_outside_the_table(cpu_ops) -> None:
+    ops = cpu_ops
     rotary = RotaryEmbedding(16, 8, 10000.0)
     w = torch.ones(16)
     with pytest.raises(RuntimeError, match="outside"):
@@ -92,6 +135,7 @@ def test_qk_norm_rope_rejects_positions_outside_the_table(ops) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 2, 300])
 def test_silu_mul(ops, dtype: torch.dtype, rows: int) -> None:
+    rows = _rows(ops, rows)
     gate_up = (torch.randn(rows, 2 * 160, generator=torch.Generator().manual_seed(rows)) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     _assert_same(ops.silu_mul(gate_up), F.silu(gate) * up)
@@ -129,7 +173,8 @@ def test_greedy_pick_of_an_all_nan_row_is_id_0(ops) -> None:
     assert ids.tolist() == [0] and finite.tolist() == [False]
 
 
-def test_greedy_pick_rejects_other_dtypes_and_shapes(ops) -> None:
+def test_greedy_pick_rejects_other_dtypes_and_shapes(cpu_ops) -> None:
+    ops = cpu_ops
     with pytest.raises(RuntimeError, match="float32"):
         ops.greedy_pick(torch.zeros(1, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="float32"):

@@ -24,6 +24,7 @@ _MODULES = (
     "swiftlm.backends.cuda.kernels.store_kv",
     "swiftlm.backends.cuda.kernels.decode_attention",
     "swiftlm.backends.cuda.kernels.prefill_attention",
+    "swiftlm.backends.cuda.kernels.fused_ops",
     "swiftlm.backends.cuda.attention",
     "swiftlm.backends.cuda.backend",
 )

@@ -28,7 +28,6 @@ import torch
 from swiftlm.backends.attention import PagedAttention
 from swiftlm.backends.base import Backend
 from swiftlm.backends.cpu.decode import DecodeLayers
-from swiftlm.backends.cpu.fused_forward import StepPlan, build_plan, fused_forward
 from swiftlm.backends.cpu.host_memory import huge_page_tensors
 from swiftlm.backends.cpu.kernels.attention_cpu import instruction_set as attention_isa
 from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
@@ -42,6 +41,7 @@ from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
 from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.cpu.weight_arena import place_weights_in_arena
 from swiftlm.backends.fuse import fuse_projections
+from swiftlm.backends.fused_forward import StepPlan, build_plan, fused_forward
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.backends.quant import quantize

@@ -21,7 +21,7 @@ from torch import nn
 
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear
-from swiftlm.backends.cpu.qk_norm import qk_norm_weights
+from swiftlm.backends.qk_norm import qk_norm_weights
 from swiftlm.backends.quant import QuantLinear
 
 if TYPE_CHECKING:

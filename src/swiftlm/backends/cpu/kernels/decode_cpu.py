@@ -3,7 +3,7 @@ call (``decode_cpu.cpp``).
 
 ``load_decode_layers()`` returns the op ``decode_layers`` (schema in the source), or ``None`` when
 it or one of the kernels it calls (bf16 GEMV, fused ops, paged attention) cannot run here; callers
-then keep the Python loop of ``backends/cpu/fused_forward.py``, which runs the same kernels in the same
+then keep the Python loop of ``backends/fused_forward.py``, which runs the same kernels in the same
 order and is what the tests hold this op to, bit for bit.
 """
 

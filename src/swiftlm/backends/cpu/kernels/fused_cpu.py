@@ -10,14 +10,13 @@ vectorises it): any x86 or Arm CPU that builds torch extensions can run it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import torch
 
 from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
+from swiftlm.backends.fused_forward import FusedOps
 
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
 DTYPES = (torch.float32, torch.bfloat16)
@@ -30,19 +29,6 @@ def supports(dtype: torch.dtype, head_dim: int) -> str | None:
     if head_dim % 2:
         return f"head_dim {head_dim} is odd (rotary pairs halves)"
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class FusedOps:
-    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    add_rms_norm_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    silu_mul: Callable[[torch.Tensor], torch.Tensor]
-    # logits [B, V] float32 -> (each row's argmax, lowest id on ties [B] int64; all its logits finite [B] bool)
-    greedy_pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-    def __deepcopy__(self, memo: dict) -> FusedOps:
-        return self  # stateless; models holding it can be deep-copied
 
 
 @cache

@@ -1,14 +1,16 @@
-"""The CPU backend's step plan: the Qwen3 forward pass over the fused CPU ops (``kernels/fused_cpu.py``).
+"""A backend's step plan: the Qwen3 forward pass over fused elementwise ops (``FusedOps``: the CPU
+backend's ``cpu/kernels/fused_cpu.py``, the CUDA backend's ``cuda/kernels/fused_ops.py``).
 
 The same computation as ``DecoderModel.forward`` (the tests hold it to that), arranged for fewer
 Python steps per token: each residual add is folded into the norm that follows it (the residual
 stream is updated in place and every layer hands the next its normed input), q/k norm and rotary
 are one op, SiLU-and-multiply one op, and every layer's tensors and linear ``forward`` methods are
 looked up once into a ``LayerPlan`` instead of through ~20 module attribute accesses a layer. The
-plan is built by ``CpuBackend.prepare`` after every transformation that replaces modules, and names
-the modules present then. Decode-only steps of up to ``DecodeLayers.max_rows`` rows run this loop
-in C++ when the plan holds a ``DecodeLayers`` (``decode.py``); the step's attention offers them
-through its ``decode_only`` description (``backends/attention.py``).
+plan is built by the backend's ``prepare`` after every transformation that replaces modules, and
+names the modules present then. On the CPU, decode-only steps of up to ``DecodeLayers.max_rows``
+rows run this loop in C++ when the plan holds a ``DecodeLayers`` (``cpu/decode.py``); the step's
+attention offers them through its ``decode_only`` description (``backends/attention.py``). On CUDA
+the loop is what the decode graphs capture: ~10 kernels a layer instead of ~45.
 """
 
 from __future__ import annotations
@@ -19,15 +21,40 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from swiftlm.backends.cpu.qk_norm import qk_norm_weights
+from swiftlm.backends.qk_norm import qk_norm_weights
 
 if TYPE_CHECKING:
     from swiftlm.backends.attention import BoundAttention
     from swiftlm.backends.cpu.decode import DecodeLayers
-    from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps
     from swiftlm.model.decoder import DecoderModel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class FusedOps:
+    """The elementwise steps of a layer as single ops, each repeating the rounding steps of the plain
+    torch code of ``swiftlm.model.layers`` (float32 math, a rounding to the activation dtype wherever
+    torch would produce a tensor of that dtype):
+
+    * ``rms_norm(x [T, D], w [D], eps) -> [T, D]``: ``w * dtype(x * rsqrt(mean(x^2) + eps))``;
+    * ``add_rms_norm_(residual [T, D], delta [T, D], w, eps) -> [T, D]``: ``residual = dtype(residual
+      + delta)`` in place, then ``rms_norm(residual)``;
+    * ``qk_norm_rope(qkv [T, (Hq + 2 Hk) * Dh], q_w [Dh], k_w [Dh], cos [P, Dh], sin [P, Dh] (float32),
+      positions [T] int64, Hq, Hk, eps) -> (q [T, Hq, Dh], k [T, Hk, Dh])``: each head normed (empty
+      weights: not normed), then rotated (half-split) by ``dtype(cos[pos])``, ``dtype(sin[pos])``;
+    * ``silu_mul(gate_up [T, 2 I]) -> [T, I]``: ``dtype(dtype(silu(gate)) * up)``;
+    * ``greedy_pick(logits [B, V] float32) -> (ids [B] int64, finite [B] bool)``: each row's argmax
+      (the lowest id among tied ones) and whether all its logits are finite."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm_: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    greedy_pick: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    def __deepcopy__(self, memo: dict) -> FusedOps:
+        return self  # stateless; models holding it can be deep-copied
 
 
 @dataclass(frozen=True, slots=True)
