@@ -252,6 +252,7 @@ class LLM:
             thinking=bool(prompt.get("thinking")) if isinstance(prompt, dict) else False,
             session_id=session_id,
             stream=stream,
+            final_only=not stream,  # generate() reads each request once, at its end
         )
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:

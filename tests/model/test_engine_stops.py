@@ -94,3 +94,30 @@ def test_thinking_budget(llm: LLM, budget: int, reasoning: str) -> None:
     assert out.text == reasoning + ANSWER
     closed = out.token_ids.index(151668)  # </think>
     assert closed <= max(budget, 2)
+
+
+def test_generate_detokenises_once_at_the_end_as_streaming_does(tiny_untied_dir: Path) -> None:
+    """generate() reports each request once, at its end, and decodes its tokens then (no stop strings
+    to match): its text equals the concatenated stream deltas and the tokenizer's own decode, for a
+    random model whose tokens split characters and spell invalid UTF-8; with n = 2 each sequence on
+    its own; an aborted (length-capped) and a stop-string request alike."""
+    tiny = LLM(str(tiny_untied_dir), dtype="float32", max_model_len=128)
+    prompts = [[9, 8, 7, 6], list(range(1000, 1020))]
+    for params in (SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True, n=2),
+                   SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)):
+        for out in tiny.generate([{"prompt_token_ids": p} for p in prompts], params):
+            assert len(out.outputs) == params.n
+            for seq in out.outputs:
+                assert seq.text == tiny.tokenizer.decode(seq.token_ids)
+        streamed = [""] * params.n
+        for delta in tiny.stream({"prompt_token_ids": prompts[1]}, params):
+            for seq in delta.outputs:
+                streamed[seq.index] += seq.text
+        assert streamed == [seq.text for seq in tiny.generate([{"prompt_token_ids": prompts[1]}], params)[0].outputs]
+    cut = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)
+    whole = tiny.generate([{"prompt_token_ids": prompts[1]}], cut)[0].outputs[0].text
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 2]
+    if stop.strip("\ufffd"):
+        stopped = tiny.generate([{"prompt_token_ids": prompts[1]}],
+                                SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True, stop=[stop]))[0]
+        assert whole.startswith(stopped.outputs[0].text) and stopped.outputs[0].finish_reason == "stop"

@@ -49,6 +49,10 @@ class _Stream:
     new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # a request reported once at its end, with no stop strings to match: its tokens are detokenised
+    # once, when it is emitted (``deferred`` holds them until then), not one window decode a token
+    defer_text: bool = False
+    deferred: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -219,7 +223,8 @@ class Engine:
         for child in children:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-            self._streams[id(child)] = _Stream(child, request_id, detok, stops)
+            self._streams[id(child)] = _Stream(child, request_id, detok, stops,
+                                               defer_text=request.final_only and stops is None)
         self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
@@ -456,7 +461,11 @@ class Engine:
             request.stop_reason = token
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
-        delta = stream.detokenizer.add(token)
+        if stream.defer_text:
+            stream.deferred.append(token)
+            delta = ""
+        else:
+            delta = stream.detokenizer.add(token)
         if stream.stops is not None:
             delta, stopped = stream.stops.feed(delta)
             if stopped:
@@ -507,6 +516,9 @@ class Engine:
         completions = []
         for child in children:
             stream = self._streams[id(child)]
+            if stream.deferred:  # the text these tokens finalise, as token-by-token decoding gives it
+                stream.new_text += stream.detokenizer.add_tokens(stream.deferred)
+                stream.deferred = []
             if child.is_finished and child.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
                 stream.new_text += self._final_text(stream)
             stream.text += stream.new_text

@@ -1,0 +1,78 @@
+"""The engine's host cost per generated token: a tiny model (small vocabulary, 2 layers) whose
+forward costs little, many sequences decoding together through ``LLM.generate``, so that what a step
+costs is mostly the engine's Python (scheduling, step inputs, sampling bookkeeping, detokenising).
+
+    python scripts/bench_host_overhead.py --seqs 256 --tokens 64 --repeats 3
+    python scripts/bench_host_overhead.py --profile          # cProfile of one run, by own time
+
+Reports the median wall time per generated token (all sequences together) and per engine step."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "head_dim": 32, "max_position_embeddings": 4096, "vocab_size": 4096,
+         "tie_word_embeddings": True}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqs", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=64, help="output tokens per sequence")
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+
+    import torch
+    from make_random_model import write_tokenizer_files
+
+    from swiftlm import LLM, SamplingParams
+    from swiftlm.model.random_checkpoint import write_random_checkpoint
+
+    path = Path(tempfile.mkdtemp(prefix="swiftlm_host_")) / "tiny"
+    write_random_checkpoint(path, SHAPE, seed=0, dtype=torch.float32, std=0.05)
+    write_tokenizer_files(path)
+    llm = LLM(str(path), dtype="float32", max_num_seqs=args.seqs, max_model_len=args.prompt + args.tokens + 16,
+              max_num_batched_tokens=max(2048, args.seqs * args.prompt // 4), num_blocks=args.seqs * 8 + 64)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.7, max_tokens=args.tokens, ignore_eos=True)
+
+    def run() -> tuple[float, int]:
+        prompts = [{"prompt_token_ids": [rng.randrange(300, 4000) for _ in range(args.prompt)]} for _ in range(args.seqs)]
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    run()  # warm-up
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        run()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        return 0
+    per_token = []
+    for _ in range(args.repeats):
+        seconds, tokens = run()
+        per_token.append(seconds / tokens * 1e6)
+    med = statistics.median(per_token)
+    print(json.dumps({"seqs": args.seqs, "tokens": args.tokens, "us_per_token": round(med, 2),
+                      "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
