@@ -461,6 +461,17 @@ def _apply_min_p(values: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         values.masked_fill_(values < values.amax(dim=-1, keepdim=True) + log_min_p, -math.inf)
 
 
+def _draw_uniform(out: torch.Tensor, generator: torch.Generator | None) -> None:
+    """``out`` filled with U[0, 1) draws from ``generator`` (None: torch's default RNG). A request's generator lives on the host
+    (requests are built before any device is known): over device logits the draws are made there
+    and copied, so a seed gives the same draws, and the same tokens for the same logits, on every
+    device."""
+    if generator is None or generator.device.type == out.device.type:
+        out.uniform_(generator=generator)
+    else:
+        out.copy_(torch.empty(out.shape, dtype=out.dtype).uniform_(generator=generator))
+
+
 def _race(values: torch.Tensor, rows: Sequence[SamplingRow], widths: Sequence[int]) -> torch.Tensor:
     """Exponential race: argmax(log p - log E) with E ~ Exp(1) i.i.d. picks column c of
     ``values`` [R, W] (unnormalised log-probabilities) with probability p_c. Row j uses only its
@@ -473,7 +484,7 @@ def _race(values: torch.Tensor, rows: Sequence[SamplingRow], widths: Sequence[in
             # A seeded row draws exactly widths[j] uniforms, fixed by its own params and logits,
             # so its generator advances the same way in any batch. In place, row by row: a fresh
             # tensor per row costs ~10x more on CPU (page faults).
-            uniform[j, : widths[j]].uniform_(generator=row.generator)
+            _draw_uniform(uniform[j, : widths[j]], row.generator)
             uniform[j, widths[j] :] = 0.0
             if row.on_draw is not None:
                 row.on_draw()
