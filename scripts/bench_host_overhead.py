@@ -33,6 +33,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64, help="output tokens per sequence")
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens per sequence")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.7, help="0: greedy (no sampling ops)")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
 
@@ -48,7 +49,7 @@ def main() -> int:
     llm = LLM(str(path), dtype="float32", max_num_seqs=args.seqs, max_model_len=args.prompt + args.tokens + 16,
               max_num_batched_tokens=max(2048, args.seqs * args.prompt // 4), num_blocks=args.seqs * 8 + 64)
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.7, max_tokens=args.tokens, ignore_eos=True)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, ignore_eos=True)
 
     def run() -> tuple[float, int]:
         prompts = [{"prompt_token_ids": [rng.randrange(300, 4000) for _ in range(args.prompt)]} for _ in range(args.seqs)]

@@ -51,6 +51,7 @@ class _Stream:
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
     # a request reported once at its end, with no stop strings to match: its tokens are detokenised
     # once, when it is emitted (``deferred`` holds them until then), not one window decode a token
+    final_only: bool = False
     defer_text: bool = False
     deferred: list[int] = field(default_factory=list)
 
@@ -223,7 +224,7 @@ class Engine:
         for child in children:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-            self._streams[id(child)] = _Stream(child, request_id, detok, stops,
+            self._streams[id(child)] = _Stream(child, request_id, detok, stops, final_only=request.final_only,
                                                defer_text=request.final_only and stops is None)
         self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only)
 
@@ -486,7 +487,7 @@ class Engine:
         by_parent: dict[str, list[Request]] = {}
         for request in touched:
             stream = self._streams.get(id(request))
-            if stream is not None:
+            if stream is not None and (request.is_finished or not stream.final_only):  # else nothing to say yet
                 by_parent.setdefault(stream.parent_id, []).append(request)
         outputs = []
         for parent_id, children in by_parent.items():
