@@ -29,6 +29,17 @@ if TYPE_CHECKING:
     from swiftlm.model.decoder import DecoderModel
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
+FUSED_DTYPES = (torch.float32, torch.bfloat16)  # the activation dtypes every FusedOps takes
+
+
+def fused_ops_support(dtype: torch.dtype, head_dim: int) -> str | None:
+    """None if fused ops (of either backend) run a model of this activation dtype and head_dim,
+    else why not."""
+    if dtype not in FUSED_DTYPES:
+        return f"{str(dtype).removeprefix('torch.')} activations (the fused ops take float32 or bfloat16)"
+    if head_dim % 2:
+        return f"head_dim {head_dim} is odd (rotary pairs halves)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The q/k norm weights as the fused CPU ops take them (``fused_forward`` and the decode layers op)."""
+"""The q/k norm weights as the fused ops take them (``fused_forward``, and the CPU decode layers op)."""
 
 from __future__ import annotations
 

@@ -15,20 +15,11 @@ from pathlib import Path
 
 import torch
 
-from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, dtype_name, try_load_cpu_op_library
-from swiftlm.backends.fused_forward import FusedOps
+from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
+from swiftlm.backends.fused_forward import FusedOps, fused_ops_support
 
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
-DTYPES = (torch.float32, torch.bfloat16)
-
-
-def supports(dtype: torch.dtype, head_dim: int) -> str | None:
-    """None if the ops run a model of this activation dtype and head_dim, else why not."""
-    if dtype not in DTYPES:
-        return f"{dtype_name(dtype)} activations (the ops take float32 or bfloat16)"
-    if head_dim % 2:
-        return f"head_dim {head_dim} is odd (rotary pairs halves)"
-    return None
+supports = fused_ops_support  # the dtypes and head_dims these ops take (shared with the other backend's)
 
 
 @cache

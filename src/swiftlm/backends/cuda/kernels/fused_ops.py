@@ -26,19 +26,10 @@ import triton
 import triton.language as tl
 
 from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to
-from swiftlm.backends.fused_forward import FusedOps
+from swiftlm.backends.fused_forward import FusedOps, fused_ops_support
 
 SILU_BLOCK = 1024  # intermediate values per silu_mul program
-DTYPES = (torch.float32, torch.bfloat16)
-
-
-def supports(dtype: torch.dtype, head_dim: int) -> str | None:
-    """None if the kernels run a model of this activation dtype and head_dim, else why not."""
-    if dtype not in DTYPES:
-        return f"{str(dtype).removeprefix('torch.')} activations (the kernels take float32 or bfloat16)"
-    if head_dim % 2:
-        return f"head_dim {head_dim} is odd (rotary pairs halves)"
-    return None
+supports = fused_ops_support  # the dtypes and head_dims these ops take (shared with the other backend's)
 
 
 @triton.jit
