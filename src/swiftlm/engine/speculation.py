@@ -12,13 +12,15 @@ No draft (no match, or speculation off for the request) decodes one row as usual
 
 Acceptance is tracked per request: after every ``acceptance_window`` proposals, a rate of
 accepted / proposed draft tokens below ``min_acceptance_rate`` pauses proposals for
-``backoff_steps`` decode steps, doubled on each consecutive failure (at most 16x), so a request
+``backoff_steps`` decode steps, four times longer on each consecutive failure (at most 16x), so a request
 whose text does not repeat (or a model that disagrees with its drafts) soon decodes plainly.
 
 The same pause follows when speculating does not pay for itself here: the engine reports how long
 its decode steps take (``observe_step``), with and without drafts, per number of requests in the
 step; a window whose tokens per verifying step (1 + accepted per proposal) fall short of how many
-plain steps a verifying one costs is a failed window too, and it fails after 3 proposals already. On a CPU a verifying step leaves the
+plain steps a verifying one costs is a failed window too, and it fails after 2 proposals already
+(with every draft rejected, a 128-token request then verifies 4 drafts instead of 9: on a Zen3 VM
+that took the cost from 5.2 % to none measurable, 1.003x, BENCHMARKS.md). On a CPU a verifying step leaves the
 fused decode path (its rows attend as a chunk does), so on a small model it can cost 2-3 plain
 steps: a modest acceptance rate that would pay on a GPU loses here, and this measures which.
 """
@@ -34,7 +36,8 @@ from swiftlm.runner.sampling_row import SamplingRow
 from swiftlm.runner.spec_verify import GeneratorRewind, accepted_length
 
 _MAX_BACKOFF_FACTOR = 16
-_EARLY_WINDOW = 3  # proposals after which a window that does not pay for its steps ends early
+_BACKOFF_GROWTH = 4  # each consecutive failed window multiplies the pause (up to _MAX_BACKOFF_FACTOR)
+_EARLY_WINDOW = 2  # proposals after which a window that does not pay for its steps ends early
 _COST_EMA = 0.2  # weight of a new step time in the running averages
 _MAX_BATCH_KEY = 64  # step times are kept per number of requests in the step, up to this many
 
@@ -225,7 +228,7 @@ class Speculator:
             base = self.config.backoff_steps
             if losing or state.window_accepted < self.config.min_acceptance_rate * state.window_drafted:
                 state.paused_until = state.steps + state.backoff
-                state.backoff = min(2 * state.backoff, _MAX_BACKOFF_FACTOR * base)
+                state.backoff = min(_BACKOFF_GROWTH * state.backoff, _MAX_BACKOFF_FACTOR * base)
             else:
                 state.backoff = base
             state.window_proposals = state.window_drafted = state.window_accepted = 0
