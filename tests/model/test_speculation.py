@@ -244,8 +244,8 @@ def test_low_acceptance_turns_speculation_off(tiny_untied_dir: Path, base: LLM, 
     llm = LLM(str(tiny_untied_dir), dtype="float32", speculative_config=cfg)
     prompts = random_prompts([20], seed=16)
     assert tokens(llm, prompts, GREEDY.with_updates(max_tokens=40)) == tokens(base, prompts, GREEDY.with_updates(max_tokens=40))
-    # 4 proposals (the window), or 3 when the measured step costs already show it losing; then off
-    assert spec_counts(llm)[0] in (3, 4) and spec_counts(llm)[2] == 0
+    # 4 proposals (the window), or 2 when the measured step costs already show it losing; then off
+    assert spec_counts(llm)[0] in (2, 4) and spec_counts(llm)[2] == 0
     assert_no_leaks(llm)
 
 
