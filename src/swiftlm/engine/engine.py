@@ -49,11 +49,14 @@ class _Stream:
     new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
-    # a request reported once at its end, with no stop strings to match: its tokens are detokenised
-    # once, when it is emitted (``deferred`` holds them until then), not one window decode a token
-    final_only: bool = False
-    defer_text: bool = False
-    deferred: list[int] = field(default_factory=list)
+    final_only: bool = False  # the request is reported once, at its end
+    deferred: list[int] = field(default_factory=list)  # tokens not detokenised yet (``defer_text``)
+
+    @property
+    def defer_text(self) -> bool:
+        """Reported once at its end, with no stop strings to match: the tokens are detokenised once,
+        when the request is emitted, not one window decode a token."""
+        return self.final_only and self.stops is None
 
 
 @dataclass(slots=True)
@@ -224,8 +227,7 @@ class Engine:
         for child in children:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-            self._streams[id(child)] = _Stream(child, request_id, detok, stops, final_only=request.final_only,
-                                               defer_text=request.final_only and stops is None)
+            self._streams[id(child)] = _Stream(child, request_id, detok, stops, final_only=request.final_only)
         self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:

@@ -462,10 +462,10 @@ def _apply_min_p(values: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
 
 
 def _draw_uniform(out: torch.Tensor, generator: torch.Generator | None) -> None:
-    """``out`` filled with U[0, 1) draws from ``generator`` (None: torch's default RNG). A request's generator lives on the host
-    (requests are built before any device is known): over device logits the draws are made there
-    and copied, so a seed gives the same draws, and the same tokens for the same logits, on every
-    device."""
+    """``out`` filled with U[0, 1) draws from ``generator`` (None: torch's default RNG). A request's
+    generator lives on the host (requests are built before any device is known): over device logits
+    the draws are made there and copied, so a seed gives the same draws, and the same tokens for the
+    same logits, on every device."""
     if generator is None or generator.device.type == out.device.type:
         out.uniform_(generator=generator)
     else:

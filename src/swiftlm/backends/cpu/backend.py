@@ -33,7 +33,6 @@ from swiftlm.backends.cpu.kernels.attention_cpu import instruction_set as attent
 from swiftlm.backends.cpu.kernels.attention_cpu import supports as attention_supports
 from swiftlm.backends.cpu.kernels.build import dtype_name
 from swiftlm.backends.cpu.kernels.decode_cpu import supports as decode_supports
-from swiftlm.backends.cpu.kernels.fused_cpu import supports as fused_supports
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import instruction_set as prefill_isa
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import supports as prefill_supports
 from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_DENSE_BF16, RowLimits
@@ -41,7 +40,7 @@ from swiftlm.backends.cpu.linear import can_pack, pack_linears, use_gemv
 from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.cpu.weight_arena import place_weights_in_arena
 from swiftlm.backends.fuse import fuse_projections
-from swiftlm.backends.fused_forward import StepPlan, build_plan, fused_forward
+from swiftlm.backends.fused_forward import StepPlan, build_plan, fused_forward, fused_ops_support
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.backends.quant import quantize
@@ -165,7 +164,7 @@ class CpuBackend(Backend):
     def _prepare_step_plan(self, model: DecoderForCausalLM, cfg: ModelConfig, dtype: torch.dtype) -> None:
         k = self.kernels
         reason = k.missing.get("fused_ops", "not loaded") if k.fused_ops is None else \
-            fused_supports(dtype, cfg.head_dim)
+            fused_ops_support(dtype, cfg.head_dim)
         if reason is not None:
             self.step_plan = None
             self.fell_back("fused ops", reason)

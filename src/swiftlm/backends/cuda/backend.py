@@ -20,6 +20,8 @@ with ``TRITON_INTERPRET=1``); no graphs, no memory profiling."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from swiftlm.backends.attention import PagedAttention
@@ -28,10 +30,9 @@ from swiftlm.backends.cuda.attention import BoundTritonAttention, TritonPagedAtt
 from swiftlm.backends.cuda.device import require_cuda
 from swiftlm.backends.cuda.graph_buckets import graph_batch_sizes
 from swiftlm.backends.cuda.graphs import DecodeGraphs
-from swiftlm.backends.cuda.kernels.fused_ops import supports as fused_supports
 from swiftlm.backends.cuda.kernels.fused_ops import triton_fused_ops
 from swiftlm.backends.fuse import fuse_projections
-from swiftlm.backends.fused_forward import StepPlan, build_plan, fused_forward
+from swiftlm.backends.fused_forward import StepPlan, build_plan, fused_forward, fused_ops_support
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.backends.kv_quant import KVFormat
 from swiftlm.backends.quant import quantize
@@ -63,21 +64,22 @@ class CudaBackend(Backend):
 
     def prepare(self, model: DecoderForCausalLM, quantization: str | None = None) -> None:
         where = "Triton interpreter on CPU tensors" if self.interpret else torch.cuda.get_device_name(self.torch_device)
-        self.plan = [f"device: {where}", "model: its own forward (stock torch ops)",
-                     "attention: Triton (KV store, varlen paged prefill, paged GQA decode)",
-                     "sampler: on the device (logits stay there; the sampled ids come back in one copy)"]
         self.fallbacks = []
         fuse_projections(model)  # before quantising: the fused linears are quantised as one
         if quantization is not None:
             quantize(model, quantization)
-            self.plan.append(f"linears: {quantization}, dequantised + F.linear (plain torch)")
-        cfg, dtype = model.config, model.model.embed_tokens.weight.dtype
-        reason = fused_supports(dtype, cfg.head_dim)
+        reason = fused_ops_support(model.model.embed_tokens.weight.dtype, model.config.head_dim)
         if reason is None:
             self.step_plan = StepPlan(build_plan(model.model), triton_fused_ops(), None)
-            self.plan[1] = "model: q/k/v and gate/up fused; norms, q/k norm + rotary, SiLU-multiply as Triton kernels"
         else:
             self.fell_back("fused elementwise kernels", reason)
+        elementwise = "stock torch ops" if self.step_plan is None else \
+            "norms, q/k norm + rotary, SiLU-multiply as Triton kernels"
+        self.plan = [f"device: {where}", f"model: q/k/v and gate/up fused; {elementwise}",
+                     "attention: Triton (KV store, varlen paged prefill, paged GQA decode)",
+                     "sampler: on the device (logits stay there; the sampled ids come back in one copy)"]
+        if quantization is not None:
+            self.plan.append(f"linears: {quantization}, dequantised + F.linear (plain torch)")
 
     def _forward(self, model: DecoderForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
                  attention: Attention) -> torch.Tensor:
@@ -151,7 +153,6 @@ class CudaBackend(Backend):
         width = (max_len + cache.block_size - 1) // cache.block_size
         sizes = graph_batch_sizes(min(self.max_num_seqs, max_rows))
         with torch.inference_mode():
-            forward = lambda ids, positions, attn: self._forward(model, ids, positions, attn)  # noqa: E731
-            self.graphs = DecodeGraphs(forward, cache, sizes, width, self.torch_device)
+            self.graphs = DecodeGraphs(partial(self._forward, model), cache, sizes, width, self.torch_device)
         self.plan.append(f"decode steps: CUDA graphs for batch sizes {', '.join(map(str, sizes))}")
         return f"captured {len(sizes)} CUDA graphs for decode batches of up to {sizes[-1]} sequences"

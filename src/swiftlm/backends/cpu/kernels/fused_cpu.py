@@ -16,10 +16,9 @@ from pathlib import Path
 import torch
 
 from swiftlm.backends.cpu.kernels.build import CPU_CFLAGS, try_load_cpu_op_library
-from swiftlm.backends.fused_forward import FusedOps, fused_ops_support
+from swiftlm.backends.fused_forward import FusedOps
 
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
-supports = fused_ops_support  # the dtypes and head_dims these ops take (shared with the other backend's)
 
 
 @cache

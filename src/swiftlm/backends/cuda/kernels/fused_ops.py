@@ -26,10 +26,9 @@ import triton
 import triton.language as tl
 
 from swiftlm.backends.cuda.kernels.tile_ops import interpreting, round_to
-from swiftlm.backends.fused_forward import FusedOps, fused_ops_support
+from swiftlm.backends.fused_forward import FusedOps
 
 SILU_BLOCK = 1024  # intermediate values per silu_mul program
-supports = fused_ops_support  # the dtypes and head_dims these ops take (shared with the other backend's)
 
 
 @triton.jit
@@ -131,29 +130,29 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, D] -> [T, D] (a new tensor)."""
-    x = _rows(x)
+def _norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x) [T, D]; with ``delta``, x += delta first (in place, rounded to x's dtype)."""
     t, d = x.shape
     out = torch.empty_like(x)
     if t:
-        _rms_norm_kernel[(t,)](x, x, x, w, out, x.stride(0), 0, 0, out.stride(0), d, eps, ADD=False,
+        add = delta is not None
+        # ADD reads (and writes back) the residual at res_ptr, else x at x_ptr
+        _rms_norm_kernel[(t,)](x, x, delta if add else x, w, out, x.stride(0), x.stride(0),
+                               delta.stride(0) if add else 0, out.stride(0), d, eps, ADD=add,
                                BLOCK=triton.next_power_of_2(d), INTERPRETED=interpreting(), **_launch_options())
     return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, D] -> [T, D] (a new tensor)."""
+    return _norm(_rows(x), None, w, eps)
 
 
 def add_rms_norm_(residual: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """residual [T, D] += delta (rounded to its dtype, in place) -> rms_norm(residual) [T, D]."""
     if residual.stride(-1) != 1:
         raise ValueError("add_rms_norm_: the residual must have unit stride in its last dimension")
-    delta = _rows(delta)
-    t, d = residual.shape
-    out = torch.empty_like(residual)
-    if t:
-        _rms_norm_kernel[(t,)](residual, residual, delta, w, out, 0, residual.stride(0), delta.stride(0), out.stride(0),
-                               d, eps, ADD=True, BLOCK=triton.next_power_of_2(d), INTERPRETED=interpreting(),
-                               **_launch_options())
-    return out
+    return _norm(residual, _rows(delta), w, eps)
 
 
 def qk_norm_rope(
