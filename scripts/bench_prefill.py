@@ -25,10 +25,11 @@ import time
 
 import torch
 
-from swiftlm import LLM, SamplingParams
+from swiftlm import LLM
 from swiftlm.backends.attention import causal_attention
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import load_build_variant, load_prefill_attention
 from swiftlm.bench.bandwidth import BandwidthProbe
+from swiftlm.bench.ttft_ab import prefaulted, ttft_ab
 
 HQ, HKV, D, BS = 16, 8, 128, 16
 
@@ -67,39 +68,13 @@ def attention_rounds(contexts: list[int], chunk: int, rounds: int, dtype: torch.
         print(f"| {ctx} | {t} | {t_t * 1e3:.1f} | {t_k * 1e3:.1f} | {t_t / t_k:.2f}x | {flops / t_k / 1e9:.0f} |", flush=True)
 
 
-def prefaulted(llm: LLM) -> LLM:
-    """The engine with every page of its KV pools written once: a fresh pool hands out blocks never used
-    before (its free list is first in, first out), and on a VM a page's first touch can cost milliseconds
-    a MB, which would land in whichever TTFT first stores into it."""
-    k_pools, v_pools = llm.engine.kv_cache.pools()
-    k_scales, v_scales = llm.engine.kv_cache.scale_pools()
-    for pool in (*k_pools, *v_pools, *k_scales, *v_scales):
-        pool.zero_()
-    return llm
-
-
 def ttft_rounds(model: str, dtype: str, kv: str, prompts: list[int], rounds: int) -> None:
     blocks = 2 * (max(prompts) + 64) // 16 + 8  # two prompts' blocks: the pool cycles through pages already in
     engines = {"kernel": prefaulted(LLM(model, dtype=dtype, kv_cache_dtype=kv, num_blocks=blocks)),
                "sdpa": prefaulted(LLM(model, dtype=dtype, kv_cache_dtype=kv, num_blocks=blocks,
                                       cpu_disable_kernels=["prefill_attention"]))}
-    params = SamplingParams(max_tokens=1, temperature=0.0)
-    g = torch.Generator().manual_seed(1)
-
-    def prompt(n: int) -> dict:
-        return {"prompt_token_ids": torch.randint(100, 100_000, (n,), generator=g).tolist()}
-
-    for llm in engines.values():  # warm: every matmul's row count once
-        llm.generate([prompt(max(prompts))], params, use_tqdm=False)
-    for n in prompts:
-        times: dict[str, list[float]] = {k: [] for k in engines}
-        for r in range(rounds):
-            p = prompt(n)
-            for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:
-                t0 = time.perf_counter()
-                engines[name].generate([p], params, use_tqdm=False)
-                times[name].append(time.perf_counter() - t0)
-        a, b = statistics.median(times["sdpa"]), statistics.median(times["kernel"])
+    for n, med in ttft_ab(engines, prompts, rounds).items():
+        a, b = med["sdpa"], med["kernel"]
         print(f"| {dtype} | {kv} | {n} | {a:.2f} | {b:.2f} | {a / b:.2f}x |", flush=True)
 
 

@@ -19,24 +19,28 @@ def user_cache_dir() -> Path:
 
 # SWIFTLM_CPU_ISA=avx2 runs an AVX-512 CPU as an AVX2 one: the CPU flags lose AVX-512 and AMX, so every
 # kernel's choice (and build: kernels/build.py adds -mno-avx512f) follows them, as on such a CPU. With
-# ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, torch's side does the same.
+# ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, torch's side does the same. SWIFTLM_CPU_ISA=avx512
+# runs an AMX CPU as an AVX-512 one without AMX (flags and builds lose AMX; ONEDNN_MAX_CPU_ISA=
+# AVX512_CORE_BF16 keeps oneDNN off its tiles too), so that an AMX machine can measure that class.
 CPU_ISA_ENV = "SWIFTLM_CPU_ISA"
+CPU_ISA_MASKS = {"avx2": ("avx512", "amx"), "avx512": ("amx",)}  # override -> flag prefixes it removes
 
 
 def cpu_isa_override() -> str | None:
-    """``avx2`` when ``$SWIFTLM_CPU_ISA`` asks to run as an AVX2 CPU; None for the CPU as it is (unset,
-    empty or ``native``). Anything else is an error."""
+    """``avx2`` or ``avx512`` when ``$SWIFTLM_CPU_ISA`` asks to run as such a CPU; None for the CPU as it
+    is (unset, empty or ``native``). Anything else is an error."""
     value = os.environ.get(CPU_ISA_ENV, "").strip().lower()
     if value in ("", "native"):
         return None
-    if value != "avx2":
-        raise ValueError(f"{CPU_ISA_ENV}={value!r}: expected 'native' or 'avx2'")
+    if value not in CPU_ISA_MASKS:
+        raise ValueError(f"{CPU_ISA_ENV}={value!r}: expected 'native', 'avx512' or 'avx2'")
     return value
 
 
 @cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``), without AVX-512 and AMX under ``SWIFTLM_CPU_ISA=avx2``."""
+    """The CPU's feature flags (``/proc/cpuinfo``), without AVX-512 and AMX under ``SWIFTLM_CPU_ISA=avx2``,
+    without AMX under ``SWIFTLM_CPU_ISA=avx512``."""
     flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
@@ -46,8 +50,9 @@ def cpu_flags() -> frozenset[str]:
                     break
     except OSError:
         pass
-    if cpu_isa_override() == "avx2":
-        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    override = cpu_isa_override()
+    if override is not None:
+        flags = frozenset(f for f in flags if not f.startswith(CPU_ISA_MASKS[override]))
     return flags
 
 

@@ -19,7 +19,12 @@ from swiftlm.backends.cpu.decode import DecodeLayers
 from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
 from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
-from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_AMX, GEMV_ROWS_WITHOUT_DENSE_BF16, QUANT_GEMV_ROWS
+from swiftlm.backends.cpu.limits import (
+    GEMV_ROWS_WITHOUT_AMX,
+    GEMV_ROWS_WITHOUT_DENSE_BF16,
+    QUANT_GEMV_ROWS,
+    QUANT_GEMV_ROWS_WITHOUT_AMX,
+)
 from swiftlm.backends.cpu.linear import can_pack
 from swiftlm.backends.cpu.ops import CpuKernels
 from swiftlm.backends.quant import dequantized_reference
@@ -98,7 +103,8 @@ def test_decode_layers_equal_python_loop(kernels: CpuKernels, tiny_model_dir: Pa
     layers = fast.engine.backend.step_plan.decode_layers
     # without AMX the GEMV takes 6 rows, or every row count where oneDNN has no bf16 matmul (AVX2 CPUs)
     gemv_rows = GEMV_ROWS_WITHOUT_AMX if can_pack(torch.bfloat16) else GEMV_ROWS_WITHOUT_DENSE_BF16
-    assert layers.max_rows == {"amx": kernels.amx.max_rows if kernels.amx else 0, "gemv-only": gemv_rows}.get(path, QUANT_GEMV_ROWS)
+    quant_rows = QUANT_GEMV_ROWS if kernels.amx else QUANT_GEMV_ROWS_WITHOUT_AMX  # without AMX: every row count
+    assert layers.max_rows == {"amx": kernels.amx.max_rows if kernels.amx else 0, "gemv-only": gemv_rows}.get(path, quant_rows)
     # decode steps of up to max_rows rows went through the op, larger ones through the Python loop
     assert sorted(set(calls)) == list(range(1, min(batch, layers.max_rows) + 1))
     # the KV pools hold the same K/V, bit for bit

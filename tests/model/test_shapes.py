@@ -20,6 +20,7 @@ from swiftlm.backends.cpu.backend import CpuBackend
 from swiftlm.backends.cpu.kernels.amx_linear_cpu import REQUIRED_CPU_FLAGS as AMX_FLAGS
 from swiftlm.backends.cpu.kernels.attention_cpu import REQUIRED_CPU_FLAGS as ATTENTION_FLAGS
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import REQUIRED_CPU_FLAGS as GEMV_FLAGS
+from swiftlm.backends.cpu.kernels.gemm_cpu import REQUIRED_CPU_FLAGS as GEMM_FLAGS
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import REQUIRED_CPU_FLAGS as PREFILL_FLAGS
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import supports as prefill_supports
 from swiftlm.backends.cpu.kernels.quant_cpu import REQUIRED_CPU_FLAGS as QUANT_FLAGS
@@ -76,7 +77,7 @@ SHAPES = {
     "hd64-mha-untied": Shape(128, 2, 2, 64, 256, False, frozenset()),
 }
 # each kernel and the instruction sets it needs (the fused ops need none)
-KERNEL_FLAGS = {"fused_ops": (), "gemv": GEMV_FLAGS, "attention": ATTENTION_FLAGS, "amx": AMX_FLAGS,
+KERNEL_FLAGS = {"fused_ops": (), "gemv": GEMV_FLAGS, "gemm": GEMM_FLAGS, "attention": ATTENTION_FLAGS, "amx": AMX_FLAGS,
                 "prefill_attention": PREFILL_FLAGS, "decode_layers": (*GEMV_FLAGS, *ATTENTION_FLAGS),
                 "quant": QUANT_FLAGS}
 

@@ -16,7 +16,7 @@ from swiftlm.backends.cpu.kernels.bf16_linear_cpu import (
 from swiftlm.backends.cpu.limits import RowLimits
 from swiftlm.backends.cpu.linear import GemvLinear, can_pack, use_gemv
 from swiftlm.platform import cpu_flags
-from tests.helpers.bf16_sums import check_against_float64
+from tests.helpers.bf16_sums import bad_linear_inputs, check_against_float64
 from tests.helpers.cpu_kernels import build_or_skip
 
 
@@ -88,15 +88,7 @@ def test_gemv_rounds_half_to_even_and_keeps_special_values(gemv) -> None:
     assert y[0] == float("inf") and torch.isnan(y[1]) and y[2] == 0 and y[3] == 3.0
 
 
-@pytest.mark.parametrize(
-    ("x", "w", "message"),
-    [
-        (torch.zeros(1, 48, dtype=torch.bfloat16), torch.zeros(4, 48, dtype=torch.bfloat16), "multiple of 32"),
-        (torch.zeros(1, 32), torch.zeros(4, 32), "bfloat16"),
-        (torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(4, 32, dtype=torch.bfloat16), r"\[N, K\]"),
-        (torch.zeros(2, 64, dtype=torch.bfloat16)[:, ::2], torch.zeros(4, 32, dtype=torch.bfloat16), "contiguous"),
-    ],
-)
+@pytest.mark.parametrize(("x", "w", "message"), bad_linear_inputs())
 def test_gemv_rejects_bad_inputs(gemv, x, w, message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         gemv(x, w)

@@ -82,7 +82,7 @@ def assert_matches_reference(got: torch.Tensor, ref: torch.Tensor, dtype: torch.
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("method", ["int8", "int4"])
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("m", [1, 3, 15, 16, 17, 64, 81])
 @pytest.mark.parametrize("k, n", [(1024, 1024), (1024, 3072), (3072, 1024), (96, 40)])
 def test_gemv_matches_torch_reference(kernels: QuantOps, method: str, dtype: torch.dtype, m: int, k: int, n: int) -> None:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(k + n)) * 0.05
@@ -245,3 +245,4 @@ def test_dense_path_slices_large_layers() -> None:
     sliced = layer(x)
     assert sliced.shape == (80, 1000)
     torch.testing.assert_close(sliced, whole, rtol=1e-6, atol=1e-6)
+

@@ -54,3 +54,14 @@ def test_warm_up_runs_each_shape_once_at_every_bucket() -> None:
     assert [k for k, _ in calls].count(32) == len(layer_rows) + len(row_buckets(20))  # `a` once + lm_head
     assert [k for k, _ in calls].count(16) == len(layer_rows)  # `b` once, not once per layer
     assert max(r for k, r in calls[-len(row_buckets(20)):]) == bucket_rows(20)  # lm_head: only sampled rows
+
+
+def test_warm_up_leaves_out_modules_that_build_no_primitives() -> None:
+    # a linear whose every row count runs on swiftlm's kernels (GemvLinear with the bf16 GEMM) says so
+    calls: list[tuple[int, int]] = []
+    model = torch.nn.Module()
+    model.a = _Recording(32, 16, calls)
+    model.b = _Recording(16, 8, calls)
+    model.b.builds_primitives = False
+    runs = warm_row_buckets(model, max_rows=10, head_rows=4, dtype=torch.float32)
+    assert runs == len(calls) == len(row_buckets(10)) and {k for k, _ in calls} == {32}

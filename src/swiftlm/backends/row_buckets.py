@@ -46,7 +46,8 @@ def warm_row_buckets(model: nn.Module, max_rows: int, head_rows: int, dtype: tor
     builds its primitives (cached per shape, shared by every weight of that shape) before the first
     request rather than minutes into serving: resident memory is then flat from the start.
     ``max_rows`` bounds the rows of the layers' linears (a step's token budget), ``head_rows`` those of
-    ``lm_head`` (the rows that sample). Returns how many matmuls ran."""
+    ``lm_head`` (the rows that sample). A module whose ``builds_primitives`` is False (every row count on
+    swiftlm's own kernels) is left out. Returns how many matmuls ran."""
     seen: set[tuple] = set()
     runs = 0
     with torch.inference_mode():
@@ -54,6 +55,8 @@ def warm_row_buckets(model: nn.Module, max_rows: int, head_rows: int, dtype: tor
             in_features = getattr(module, "in_features", None)
             weight = next(iter(module.buffers(recurse=False)), None)
             if in_features is None or weight is None or list(module.children()):
+                continue
+            if not getattr(module, "builds_primitives", True):
                 continue
             key = (type(module), in_features, module.out_features, weight.dtype, name.endswith("lm_head"))
             if key in seen:

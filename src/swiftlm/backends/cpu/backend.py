@@ -5,7 +5,8 @@ it supports, and the model's shape and dtype:
 
     weights      one huge-page arena in reading order (``weight_arena.py``), q/k/v and gate/up fused
                  as views of it (``backends/fuse.py``)
-    linears      bf16: ``GemvLinear`` (GEMV / AMX kernels for decode rows, oneDNN or F.linear above);
+    linears      bf16: ``GemvLinear`` (GEMV / AMX kernels for decode rows; above: the bf16 GEMM on
+                 AVX-512 CPUs without AMX, else oneDNN or F.linear);
                  int8 / int4: ``QuantLinear`` on the VNNI GEMVs; other linears: oneDNN-packed
     elementwise  the fused ops (norms, q/k norm + rotary, SiLU-multiply) through ``StepPlan``
     attention    the paged decode kernel inside ``PagedAttention``; prefill: the paged prefill kernel
@@ -67,7 +68,7 @@ class CpuBackend(Backend):
         k = self.kernels
         self.limits = RowLimits.for_kernels(
             gemv=k.gemv is not None, amx_capacity=k.amx.max_rows if k.amx is not None else None, quant=k.quant is not None,
-            dense_bf16=can_pack(torch.bfloat16),
+            dense_bf16=can_pack(torch.bfloat16), gemm=k.gemm is not None,
         )
         self.prepack = prepack
         self.place_weights = place_weights
@@ -115,8 +116,9 @@ class CpuBackend(Backend):
             if k.quant is None:
                 self.fell_back(f"{quantization} GEMV", k.missing.get("quant", "not loaded"))
             quantize(model, quantization, k.quant, limits.quant_gemv)
-            how = f"VNNI GEMV 1-{limits.quant_gemv} rows, dequantise + F.linear above" if k.quant else \
-                "dequantise + F.linear"
+            rows = "every row count" if limits.quant_gemv >= GEMV_ROWS_WITHOUT_DENSE_BF16 else \
+                f"1-{limits.quant_gemv} rows, dequantise + F.linear above"
+            how = f"VNNI GEMV {rows}" if k.quant else "dequantise + F.linear"
             self.plan.append(f"linears: {quantization}, {how}")
         packing = self.prepack is not False and can_pack(dtype)
         if self.prepack is True and not packing:
@@ -128,12 +130,13 @@ class CpuBackend(Backend):
             if quantization is None:
                 self.fell_back("bf16 GEMV", f"{dtype_name(dtype)} weights (the kernel takes bfloat16)")
         else:
-            extra = self.prepack is True and packing
-            count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx.linear if k.amx else None)
+            extra = self.prepack is True and packing and not limits.gemm  # the GEMM takes those rows
+            count, left = use_gemv(model, k.gemv, limits, packed=extra, amx=k.amx.linear if k.amx else None,
+                                   gemm=k.gemm.linear if k.gemm else None, gemm_min_rows=k.gemm.min_rows if k.gemm else 1)
             self.num_kernel_linears = count
             if count:
-                more = "" if limits.gemv_takes_every_row else \
-                    f", more rows: {'oneDNN packed' if extra else 'F.linear'}"
+                more = f" (GEMM: {k.gemm.describe()})" if limits.gemm else \
+                    "" if limits.gemv_takes_every_row else f", more rows: {'oneDNN packed' if extra else 'F.linear'}"
                 self.plan.append(f"linears: {count} bf16 on swiftlm's kernels ({limits.describe_bf16()}){more}")
             for reason, names in _grouped(left).items():
                 self.fell_back("bf16 GEMV", f"{names}: {reason}")

@@ -5,7 +5,8 @@
 GEMV kernel, which streams the weight in nn.Linear's own layout; on CPUs with AMX, ``limits.gemv``
 is 1 and 2 to ``limits.amx`` rows (decode batches) go through the AMX kernel
 (``kernels/amx_linear.h``), which reads the same tensor at about the speed of one row; more rows
-(prefill chunks) go to a dense matmul: oneDNN's prepacked one when the layer holds a packed copy
+(prefill chunks) go to swiftlm's bf16 GEMM on AVX-512 CPUs without AMX (``kernels/bf16_gemm.h``,
+the same tensor again), else to a dense matmul: oneDNN's prepacked one when the layer holds a packed copy
 (``packed=True``: twice the memory and ~2 s more at load for the 0.6B shape, ~15-30 % faster at
 7-64 rows), else ``F.linear`` on the same weight. The limits and their measurements are in
 ``limits.py``.
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import supports as gemv_supports
-from swiftlm.backends.cpu.limits import RowLimits
+from swiftlm.backends.cpu.limits import GEMV_ROWS_WITHOUT_DENSE_BF16, RowLimits
 from swiftlm.backends.row_buckets import bucketed
 from swiftlm.platform import cpu_flags
 
@@ -29,7 +30,8 @@ Gemv = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 class GemvLinear(nn.Module):
     def __init__(
-        self, linear: nn.Linear, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None
+        self, linear: nn.Linear, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None,
+        gemm: Gemv | None = None, gemm_min_rows: int = 1,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -47,6 +49,16 @@ class GemvLinear(nn.Module):
         self.amx = amx if limits.amx else None
         self.gemv_max_rows = limits.gemv
         self.amx_max_rows = limits.amx if self.amx is not None else 0
+        self.gemm = gemm if limits.gemm else None  # the row counts above the GEMV's, from gemm_min_rows
+        self.gemm_min_rows = gemm_min_rows
+
+    @property
+    def builds_primitives(self) -> bool:
+        """Whether some row counts reach oneDNN, whose per-shape primitives the warm-up builds at start
+        (``row_buckets.warm_row_buckets``); not where swiftlm's kernels take every row count."""
+        if self.gemm is not None:
+            return self.gemm_min_rows > max(self.gemv_max_rows, self.amx_max_rows) + 1
+        return self.gemv_max_rows < GEMV_ROWS_WITHOUT_DENSE_BF16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
@@ -60,6 +72,10 @@ class GemvLinear(nn.Module):
             y = self.amx(x2.contiguous(), b["weight"])
             if b["bias"] is not None:
                 y.add_(b["bias"])
+        elif self.gemm is not None and rows >= self.gemm_min_rows and x2.dtype == torch.bfloat16:
+            y = self.gemm(x2.contiguous(), b["weight"])
+            if b["bias"] is not None:
+                y.add_(b["bias"])
         elif b["packed_weight"] is not None:  # oneDNN: rows in buckets (see row_buckets.py)
             y = bucketed(x2, lambda x: torch.ops.mkldnn._linear_pointwise(x, b["packed_weight"], b["bias"], "none", [],
                                                                          ""))
@@ -69,10 +85,11 @@ class GemvLinear(nn.Module):
 
 
 def use_gemv(
-    model: nn.Module, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None
+    model: nn.Module, gemv: Gemv, limits: RowLimits, packed: bool = False, amx: Gemv | None = None,
+    gemm: Gemv | None = None, gemm_min_rows: int = 1,
 ) -> tuple[int, list[str]]:
     """Replace every nn.Linear the GEMV kernel supports by a GemvLinear (with the AMX kernel for
-    its rows when ``amx`` is given). Returns how many, and the linears left as they are with the
+    its rows when ``amx`` is given, the bf16 GEMM for the rows above when ``gemm`` is). Returns how many, and the linears left as they are with the
     reason. The tied lm_head shares the embedding's tensor (the kernels read nn.Linear's layout:
     no copy)."""
     count = 0
@@ -83,7 +100,7 @@ def use_gemv(
                 continue
             reason = gemv_supports(child.weight.dtype, child.in_features)
             if reason is None:
-                setattr(parent, name, GemvLinear(child, gemv, limits, packed, amx))
+                setattr(parent, name, GemvLinear(child, gemv, limits, packed, amx, gemm, gemm_min_rows))
                 count += 1
             else:
                 left.append(f"{parent_name}.{name}: {reason}" if parent_name else f"{name}: {reason}")

@@ -18,19 +18,21 @@ from swiftlm.backends.cpu.kernels.attention_cpu import PagedDecodeAttention, loa
 from swiftlm.backends.cpu.kernels.bf16_linear_cpu import load_bf16_gemv
 from swiftlm.backends.cpu.kernels.decode_cpu import load_decode_layers
 from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps, load_fused_ops
+from swiftlm.backends.cpu.kernels.gemm_cpu import BF16Gemm, load_bf16_gemm
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import PagedPrefillAttention, load_prefill_attention
 from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
 from swiftlm.backends.quant_ops import QuantOps
 from swiftlm.platform import cpu_flags
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KERNELS = ("fused_ops", "gemv", "amx", "attention", "prefill_attention", "decode_layers", "quant")
+KERNELS = ("fused_ops", "gemv", "gemm", "amx", "attention", "prefill_attention", "decode_layers", "quant")
 
 
 @dataclass(frozen=True, slots=True)
 class CpuKernels:
     fused_ops: FusedOps | None = None  # norms, q/k norm + rotary, SiLU-multiply (kernels/fused_cpu.cpp)
     gemv: Linear | None = None  # bf16 GEMV, AVX512-BF16 or AVX2 (kernels/bf16_linear_cpu.cpp)
+    gemm: BF16Gemm | None = None  # bf16 GEMM for prefill rows, AVX-512 without AMX (kernels/bf16_gemm.h)
     amx: AmxKernel | None = None  # bf16 linear for small batches, AMX, and its row capacity
     attention: PagedDecodeAttention | None = None  # paged decode attention, AVX-512 or AVX2
     prefill_attention: PagedPrefillAttention | None = None  # paged prefill (flash) attention, AVX-512 or AVX2
@@ -66,9 +68,12 @@ class CpuKernels:
         fused = take("fused_ops", load_fused_ops)
         gemv = take("gemv", load_bf16_gemv)
         amx = take("amx", load_amx_kernel)
+        # with AMX oneDNN's matmul runs on its tiles, faster than any AVX-512 GEMM: not a fallback, so not
+        # listed as missing
+        gemm = take("gemm", load_bf16_gemm) if amx is None else None
         attention = take("attention", load_paged_attention)
         prefill = take("prefill_attention", load_prefill_attention)
         decode = take("decode_layers", load_decode_layers)
         quant = take("quant", load_quant_kernels)
-        return cls(fused_ops=fused, gemv=gemv, amx=amx,
+        return cls(fused_ops=fused, gemv=gemv, gemm=gemm, amx=amx,
                    attention=attention, prefill_attention=prefill, decode_layers=decode, quant=quant, missing=missing)

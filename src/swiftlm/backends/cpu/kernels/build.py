@@ -25,8 +25,10 @@ from swiftlm.threads import all_cpus
 logger = logging.getLogger(__name__)
 
 CPU_CFLAGS = ("-O3", "-march=native", "-fopenmp")
-# SWIFTLM_CPU_ISA=avx2 (platform.py): the native build without AVX-512 and AMX
-AVX2_ONLY_CFLAGS = ("-mno-avx512f", "-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+# SWIFTLM_CPU_ISA=avx2 / avx512 (platform.py): the native build without AVX-512 and AMX / without AMX
+NO_AMX_CFLAGS = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+AVX2_ONLY_CFLAGS = ("-mno-avx512f", *NO_AMX_CFLAGS)
+ISA_CFLAGS = {"avx2": AVX2_ONLY_CFLAGS, "avx512": NO_AMX_CFLAGS}
 CPU_LDFLAGS = ("-fopenmp",)
 _DONE = "build.done"
 
@@ -57,8 +59,9 @@ def load_cpu_op_library(
 
     Returns the loaded library's path; raises whatever the compiler or loader raised.
     """
-    if cpu_isa_override() == "avx2":
-        cflags = (*cflags, *AVX2_ONLY_CFLAGS)
+    override = cpu_isa_override()
+    if override is not None:
+        cflags = (*cflags, *ISA_CFLAGS[override])
     key = hashlib.sha256()
     for part in (
         source.read_bytes(),
