@@ -64,16 +64,16 @@ class GemvLinear(nn.Module):
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         b = self._buffers  # directly: Module.__getattr__ costs ~0.5 us a buffer, ~110 calls a token
         rows = x2.shape[0]
-        if rows <= self.gemv_max_rows and x2.dtype == torch.bfloat16:
-            y = self.gemv(x2.contiguous(), b["weight"])
-            if b["bias"] is not None:
-                y.add_(b["bias"])
-        elif rows <= self.amx_max_rows and x2.dtype == torch.bfloat16:
-            y = self.amx(x2.contiguous(), b["weight"])
-            if b["bias"] is not None:
-                y.add_(b["bias"])
-        elif self.gemm is not None and rows >= self.gemm_min_rows and x2.dtype == torch.bfloat16:
-            y = self.gemm(x2.contiguous(), b["weight"])
+        kernel = None  # swiftlm's kernel for this many bf16 rows: GEMV, then AMX, then the GEMM
+        if x2.dtype == torch.bfloat16:
+            if rows <= self.gemv_max_rows:
+                kernel = self.gemv
+            elif rows <= self.amx_max_rows:
+                kernel = self.amx
+            elif rows >= self.gemm_min_rows:
+                kernel = self.gemm
+        if kernel is not None:
+            y = kernel(x2.contiguous(), b["weight"])
             if b["bias"] is not None:
                 y.add_(b["bias"])
         elif b["packed_weight"] is not None:  # oneDNN: rows in buckets (see row_buckets.py)

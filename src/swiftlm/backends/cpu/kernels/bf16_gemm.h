@@ -62,12 +62,7 @@ constexpr bool has_dpbf16() {
 #endif
 }
 
-inline float bf16_to_float(uint16_t b) {  // exact
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using swiftlm_cpu::bf16_to_float;
 
 inline uint32_t load_u32(const uint16_t* p) {
   uint32_t v;
@@ -143,8 +138,8 @@ inline void sum_lanes(const __m512* a, int n, float* out) {
 }
 #endif
 
-// Lanes over k instead (small calls: 1 to 16 rows, where the broadcast form has one activation vector
-// and a broadcast per product): R activation rows x C weight rows, each step 32 values of k of each,
+// Lanes over k instead (small calls, up to KLANES_UP_TO rows, where the broadcast form has one activation
+// vector and a broadcast per product): R activation rows x C weight rows, each step 32 values of k of each,
 // R + C vector loads for R x C vdpbf16ps, the 16 lanes summed once at the end (c[r][c], stride C).
 template <int R, int C>
 inline void micro_klanes(const uint16_t* x, const uint16_t* w, int64_t k, float* c) {
@@ -175,7 +170,6 @@ constexpr int KR = 4, KC = 6;  // micro_klanes' tile: 24 accumulators, 6 weight 
 constexpr int64_t KLANES_UP_TO = 24;
 
 // out[m, n] through micro_klanes: threads over blocks of KC weight rows, KR activation rows at a time
-
 inline void gemm_klanes(const uint16_t* x, int64_t m, int64_t k, const uint16_t* w_all, int64_t n, uint16_t* out) {
   const int64_t wblocks = (n + KC - 1) / KC;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (KC * k));

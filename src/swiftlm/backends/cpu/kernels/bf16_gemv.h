@@ -171,12 +171,7 @@ constexpr int64_t GEMM_MIN_ROWS = 16;
 constexpr int GM = 6;   // rows of a register block: 12 accumulators, 2 panel vectors, a broadcast
 constexpr int GN = 16;  // output channels of a panel: two vectors of 8
 
-inline float bf16_to_float(uint16_t b) {  // exact
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using swiftlm_cpu::bf16_to_float;
 
 // bp[kk][j] = w[j][kk] as float32 for the panel's `cols` rows (j < GN, rows k values apart; rows past
 // cols are zeros), kk < kc (a multiple of 8)

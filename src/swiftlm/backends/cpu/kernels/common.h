@@ -29,6 +29,14 @@ inline uint16_t bf16_bits(float f) {
   return static_cast<uint16_t>((i + 0x7FFFu + ((i >> 16) & 1u)) >> 16);
 }
 
+// bf16 bits as a float: exact
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 #if defined(__AVX512F__)
 // 16 lanes, the same rule; the bf16 bits in the low half of each 32-bit lane
 inline __m512i bf16_bits(__m512 v) {
