@@ -35,6 +35,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--temperature", type=float, default=0.7, help="0: greedy (no sampling ops)")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
+                   help="overlapped steps (auto: the engine's default for the device)")
     args = p.parse_args()
 
     import torch
@@ -46,7 +48,8 @@ def main() -> int:
     path = Path(tempfile.mkdtemp(prefix="swiftlm_host_")) / "tiny"
     write_random_checkpoint(path, SHAPE, seed=0, dtype=torch.float32, std=0.05)
     write_tokenizer_files(path)
-    llm = LLM(str(path), dtype="float32", max_num_seqs=args.seqs, max_model_len=args.prompt + args.tokens + 16,
+    overlap = {"auto": {}, "on": {"async_scheduling": True}, "off": {"async_scheduling": False}}[args.async_scheduling]
+    llm = LLM(str(path), dtype="float32", max_num_seqs=args.seqs, **overlap, max_model_len=args.prompt + args.tokens + 16,
               max_num_batched_tokens=max(2048, args.seqs * args.prompt // 4), num_blocks=args.seqs * 8 + 64)
     rng = random.Random(0)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, ignore_eos=True)

@@ -231,7 +231,7 @@ def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]
         chat_template=read_chat_template(args.chat_template), gguf_file=args.gguf_file,
         generation_overrides=_generation_overrides(args),
         speculative=SpeculativeConfig.parse(args.speculative_config),
-        enforce_eager=args.enforce_eager,
+        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
     )
     template_kwargs = {}
     if args.default_chat_template_kwargs is not None:

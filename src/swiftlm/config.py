@@ -334,6 +334,9 @@ class EngineConfig:
     gguf_file: str | None = None
     speculative: SpeculativeConfig | None = None  # speculative decoding (prompt lookup); None: off
     enforce_eager: bool = False  # CUDA: capture no decode graphs, run every step eagerly (vLLM's --enforce-eager)
+    # overlapped steps (vLLM's --async-scheduling): the host schedules and builds step N+1 while the
+    # device runs step N; None: the backend's default (where it measures faster)
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))  # vLLM's "half", "float"

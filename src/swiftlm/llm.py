@@ -29,7 +29,8 @@ Prompt = str | dict[str, Any]
 _CACHE_KEYS = set(CacheConfig.__dataclass_fields__)
 _SCHED_KEYS = set(SchedulerConfig.__dataclass_fields__)
 _ENGINE_KEYS = {"seed", "quantization", "cpu_prepack", "cpu_kernels", "cpu_disable_kernels", "chat_template",
-                "gguf_file", "generation_overrides", "speculative_config", "enforce_eager"}
+                "gguf_file", "generation_overrides", "speculative_config", "enforce_eager",
+                "async_scheduling"}
 # vLLM's LLM(...) arguments that change nothing here, and why (accepted so vLLM code runs as written)
 VLLM_NO_OPS = {
     "enable_reasoning": "the offline API returns the text as generated, <think> included, as vLLM's does",
@@ -80,6 +81,7 @@ def engine_config(model: str, dtype: str = "auto", device: str = "cpu", **kwargs
         generation_overrides=dict(kwargs.get("generation_overrides") or {}),
         speculative=SpeculativeConfig.parse(kwargs.get("speculative_config")),
         enforce_eager=bool(kwargs.get("enforce_eager", False)),
+        async_scheduling=kwargs.get("async_scheduling"),
     )
 
 

@@ -71,13 +71,15 @@ def test_seeded_rows_give_the_same_tokens_alone_and_in_a_batch() -> None:
 @pytest.mark.parametrize(
     ("params", "draws"),
     [
-        (SamplingParams(seed=5, top_k=7), 7),
-        (SamplingParams(seed=5, top_p=0.9, min_p=0.1), 40),
-        (SamplingParams(seed=5, temperature=0.5), 40),
+        (SamplingParams(seed=5, top_k=7), 1),
+        (SamplingParams(seed=5, top_p=0.9, min_p=0.1), 1),
+        (SamplingParams(seed=5, temperature=0.5), 1),
         (SamplingParams(seed=5, temperature=0.0), 0),
     ],
 )
-def test_seeded_generator_advances_by_its_own_candidate_count(params: SamplingParams, draws: int) -> None:
+def test_seeded_generator_advances_one_draw_per_sampled_step(params: SamplingParams, draws: int) -> None:
+    """A seeded row takes one number from its generator per sampled step (an inverse-transform draw),
+    whatever its candidates and the other rows; a greedy or forced row takes none."""
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
     rows = [make_row(SamplingParams(top_k=3)), make_row(params), make_row(params, forced=2)]
     Sampler()(logits, rows)

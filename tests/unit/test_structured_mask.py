@@ -227,13 +227,13 @@ def test_top_k_row_with_ties_at_the_kth_keeps_every_tied_allowed_token() -> None
 
 @pytest.mark.parametrize("extra", [{"top_k": 20}, {"top_p": 0.9}, {"top_k": 20, "top_p": 0.9}])
 def test_masked_truncated_rows_sample_among_finite_logits_only(extra: dict) -> None:
-    """A masked row with fewer finite logits than its top-k (or nucleus candidates) draws one
-    uniform per allowed token, not one per vocabulary entry (a sort of the whole row)."""
+    """A masked row with fewer finite logits than its top-k (or nucleus candidates) picks one of them,
+    with the one draw of a sampled step."""
     logits = torch.randn(1, 5000, generator=torch.Generator().manual_seed(8))
     row = _seeded_row(SamplingParams(temperature=1.0, seed=3, **extra), 3, FixedGrammar([10, 20, 4000]))
     assert Sampler()(logits, [row]).token_ids[0] in (10, 20, 4000)
     reference = torch.Generator().manual_seed(3)
-    torch.empty(3).uniform_(generator=reference)
+    torch.empty(1).uniform_(generator=reference)
     assert torch.equal(row.generator.get_state(), reference.get_state())
 
 

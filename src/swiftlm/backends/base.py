@@ -49,6 +49,9 @@ class Fallback:
 
 class Backend(ABC):
     name: str = "backend"
+    # whether the engine overlaps steps here unless told (``EngineConfig.async_scheduling``): where
+    # the host's work between steps is a real share of a step and the device runs apart from it
+    overlaps_steps_by_default: bool = False
 
     def __init__(self, device: str) -> None:
         self.device = device

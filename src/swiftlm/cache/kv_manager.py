@@ -53,7 +53,7 @@ class KVCacheManager:
         Returns the number of tokens to compute this step, or 0 if the blocks are not there (then
         nothing changed).
         """
-        assert not request.block_ids and request.num_computed_tokens == 0
+        assert not request.block_ids and request.num_computed_tokens == 0 and request.num_pending == 0
         tokens = request.all_token_ids
         bs = self.block_size
         reuse = not request.needs_prompt_logprobs
@@ -141,11 +141,14 @@ class KVCacheManager:
         return True
 
     def register_computed(self, request: Request) -> None:
-        """Key the request's newly full, computed blocks in the prefix cache."""
+        """Key the request's newly full, computed blocks in the prefix cache (confirmed tokens only:
+        a launched step's KV is shared once its results are in)."""
+        if request.num_confirmed_tokens < (request.num_registered_blocks + 1) * self.block_size:
+            return  # no block became full since the last call (most decode steps)
         request.num_registered_blocks, request.last_block_hash = self.prefix_cache.register(
             request.all_token_ids,
             request.block_ids,
-            request.num_computed_tokens,
+            request.num_confirmed_tokens,
             request.num_registered_blocks,
             request.last_block_hash,
         )

@@ -1,9 +1,19 @@
 """Request: one sequence being generated, and its single progress counter.
 
 ``num_computed_tokens`` counts the tokens of ``all_token_ids`` (prompt + output) whose KV is in
-the cache. Prefill, chunked prefill, prefix hits, session reuse, recompute after preemption and
-decode are all the same thing: the counter catching up with ``num_tokens``. A step that brings
-the counter level with ``num_tokens`` samples the next token.
+the cache, or is being written by a step already launched. Prefill, chunked prefill, prefix hits,
+session reuse, recompute after preemption and decode are all the same thing: the counter catching
+up with ``num_tokens``. A step that brings the counter level with ``num_tokens`` samples the next
+token.
+
+With overlapped steps (``EngineConfig.async_scheduling``) the engine schedules step N+1 before step
+N's sampled tokens reach the host, so two counts say what is not confirmed yet:
+
+    all_token_ids:  t0 .. t(c-1) | pending (sampled by a launched step, not appended yet)
+    num_tokens  = len(all_token_ids) + num_pending
+    confirmed   = num_computed_tokens - num_inflight   (KV written by steps whose results are in)
+
+Serial steps leave both at 0 between steps.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ class Request:
     think_start_ids: tuple[int, ...] = ()  # tokens that open it ("<think>", "\n")
     priority: int = 0  # lower is served earlier under the "priority" policy
     background: bool = False  # a Batch API line: runs in the room interactive requests leave
+    token_limit: int = 1 << 62  # num_tokens at which it ends for length (max_tokens, the context window)
 
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
@@ -75,6 +86,10 @@ class Request:
     # the lead sequence of a request with ``prompt_logprobs``: one entry per prompt token scored so
     # far (the first is None: nothing predicts it); None for every other request
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # overlapped steps: output tokens sampled by launched steps and not appended yet, and the tokens
+    # those steps compute (counted in num_computed_tokens, not confirmed until their results are in)
+    num_pending: int = 0
+    num_inflight: int = 0
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,7 +102,13 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        """Known tokens and the ones launched steps are sampling."""
+        return len(self.all_token_ids) + self.num_pending
+
+    @property
+    def num_confirmed_tokens(self) -> int:
+        """Computed tokens whose step's results are in (their KV can be keyed and shared)."""
+        return self.num_computed_tokens - self.num_inflight
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -124,4 +145,4 @@ class Request:
     def ready_to_share(self) -> bool:
         """For n > 1: the sibling has computed the shared prompt (or will never)."""
         w = self.wait_for
-        return w is None or w.is_finished or w.num_computed_tokens >= w.num_prompt_tokens - 1
+        return w is None or w.is_finished or w.num_confirmed_tokens >= w.num_prompt_tokens - 1

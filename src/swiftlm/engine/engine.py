@@ -22,8 +22,9 @@ from swiftlm.core.request import FinishReason, Request
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
+from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
-from swiftlm.runner.runner import ModelRunner, SampledToken
+from swiftlm.runner.runner import ModelRunner, SampledToken, StepResult
 from swiftlm.runner.sampler import SamplingRow
 from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
@@ -67,6 +68,8 @@ class _Parent:
     children: list[Request]
     final_only: bool = False
     prompt_logprobs_sent: bool = False
+    needs_host_tokens: bool = False  # its steps run serially (``Engine._needs_host_tokens``)
+    plain_greedy: bool = False  # every token is the plain argmax (``Engine._plain_greedy``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,17 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.speculator = Speculator(config.speculative, self.max_model_len) if config.speculative else None
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
+        # overlapped steps: one step in flight on the device thread while the host prepares the next
+        self.async_scheduling = self.speculator is None and (
+            config.async_scheduling if config.async_scheduling is not None
+            else self.backend.overlaps_steps_by_default
+        )
+        self._device = DeviceThread()
+        self._launched: LaunchedStep | None = None  # the step in flight, not landed yet
+        self._num_steps = 0
+        self._serial_parents = 0  # live requests whose steps must run serially
+        self._other_than_greedy = 0  # live requests not plain greedy: while there are none, no sampling rows
+        self.on_step_event: StepEvent | None = None  # tests and benchmarks: when steps are prepared and run
         warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, head_rows)
         self._parents: dict[str, _Parent] = {}
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
@@ -194,6 +208,8 @@ class Engine:
             if params.n > 1 and params.seed is not None:
                 child_params = params.with_updates(seed=params.seed + i)
             child = Request(
+                token_limit=min(self.max_model_len, len(ids) + (params.max_tokens if params.max_tokens is not None
+                                                                else self.max_model_len)),
                 request_id=f"{request_id}-{i}" if params.n > 1 else request_id,
                 prompt_token_ids=ids,
                 sampling_params=child_params,
@@ -228,7 +244,30 @@ class Engine:
             stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
             self._streams[id(child)] = _Stream(child, request_id, detok, stops, final_only=request.final_only)
-        self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only)
+        serial = self._needs_host_tokens(params, budgeted)
+        plain = self._plain_greedy(params, budgeted)
+        self._serial_parents += serial
+        self._other_than_greedy += not plain
+        self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only,
+                                            needs_host_tokens=serial, plain_greedy=plain)
+
+    @staticmethod
+    def _plain_greedy(params: SamplingParams, budgeted: bool) -> bool:
+        """Whether every token of a request is its logits' plain argmax (``runner.sampler.plain_greedy``
+        for all its steps): greedy, and nothing that bans, forces, biases, penalises or reports."""
+        return (params.greedy and not params.logit_bias and params.logprobs is None and params.min_tokens == 0
+                and params.structured_outputs is None and not budgeted and params.repetition_penalty == 1.0
+                and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+
+    @staticmethod
+    def _needs_host_tokens(params: SamplingParams, budgeted: bool) -> bool:
+        """Whether a request's next step needs its previous token on the host to be formed, so steps
+        cannot overlap while it runs: a grammar (the next mask), penalties (the tokens so far), a
+        thinking budget (forced tokens), prompt logprobs (which rows a recompute scores).
+        Speculation turns overlap off for the whole engine (drafts come from the tokens)."""
+        return (params.structured_outputs is not None or budgeted or params.prompt_logprobs is not None
+                or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                or params.frequency_penalty != 0.0)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
         """Raise RequestError if the request can never run here. Reads only fixed state."""
@@ -274,6 +313,12 @@ class Engine:
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every request with an error (after an unexpected failure) and report them."""
+        if self._launched is not None:  # let the device finish what it runs; its results are dropped
+            try:
+                self._launched.result()
+            except Exception:
+                pass
+            self._launched = None
         outputs = []
         for parent in list(self._parents.values()):
             for child in parent.children:
@@ -291,7 +336,7 @@ class Engine:
         return self.kv.sessions.tokens(session_id, time.monotonic())
 
     def has_unfinished(self) -> bool:
-        return bool(self._parents)
+        return bool(self._parents) or self._launched is not None
 
     def stats(self) -> EngineStats:
         spec = self.speculator.stats if self.speculator is not None else None
@@ -332,61 +377,124 @@ class Engine:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return an output delta for every request with news."""
+        """Run one scheduled step; return an output delta for every request with news.
+
+        Serial: schedule, launch, land (wait for its results and apply them). Overlapped: schedule
+        and launch step N+1 while step N runs on the device thread, then land N; the outputs
+        returned are N's. A step falls back to serial while a live request needs the tokens of the
+        step before it on the host to form its own (see ``_needs_host_tokens``)."""
         now = time.monotonic()
         self.kv.sessions.expire(now)
+        overlap = self.async_scheduling and self._serial_parents == 0
+        touched: list[Request] = []
+        if not overlap and self._launched is not None:
+            touched.extend(self._land(self._launched))
+            self._launched = None
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
+        self._event("prepare", self._num_steps + 1)
         plan = self.scheduler.schedule()
-        for src, dst in self.kv.pending_copies:  # prefix hits that end inside a cached block
-            self.kv_cache.copy_block(src, dst)
-        self.kv.copies_done()
-        touched: list[Request] = []
         for request in plan.timed_out:
             request.error = request.error or "queue_timeout"
             touched.append(request)
-        if plan:
-            touched.extend(self._execute(plan))
+        launched = self._launch(plan) if plan else None
+        if self._launched is not None:
+            touched.extend(self._land(self._launched))
+            self._launched = None
+        if launched is not None:
+            if overlap:
+                self._launched = launched
+            else:
+                touched.extend(self._land(launched))
         return self._collect(touched)
 
-    def _execute(self, plan: SchedulerOutput) -> list[Request]:
+    def _launch(self, plan: SchedulerOutput) -> LaunchedStep:
+        """Build the step's inputs, advance its requests' counts and start it (overlapped: on the
+        device thread; serial: it runs when it lands)."""
         rows: list[SamplingRow] = []
+        samples: list[bool] = []
+        rows_of: dict[int, int] = {}
         for s in plan.scheduled:
-            if s.samples:
+            sample = s.samples
+            samples.append(sample)
+            if sample:
+                rows_of[id(s.request)] = len(rows)
                 rows.append(self._sampling_row(s.request))
                 if s.draft_token_ids and self.speculator is not None:
                     rows.extend(self.speculator.draft_rows(s.request, rows[-1], s.draft_token_ids))
-        t0 = time.perf_counter()
+        previous = self._launched
+        plain = self._other_than_greedy == 0 and self.speculator is None
+        prepared = self.runner.prepare(plan, rows, previous.rows_of if previous is not None else None, plain or None)
+        decode_only = all(s.request.num_computed_tokens == s.request.num_tokens - 1 for s in plan.scheduled)
+        epochs = []
+        for s, sample in zip(plan.scheduled, samples, strict=True):
+            r, n = s.request, s.num_new_tokens
+            r.metrics.num_computed_prompt_tokens += min(n, max(0, r.num_prompt_tokens - r.num_computed_tokens))
+            r.num_computed_tokens += n
+            r.num_inflight += n
+            r.num_pending += sample
+            epochs.append(r.metrics.num_preemptions)
+        copies = list(self.kv.pending_copies)  # prefix hits that end inside a cached block
+        self.kv.copies_done()  # the device copies them before any later step can reuse the sources
+        self._num_steps += 1
+        index = self._num_steps
+
+        def job() -> StepResult:
+            self._event("device_start", index)
+            for src, dst in copies:
+                self.kv_cache.copy_block(src, dst)
+            tokens = None
+            if prepared.inputs.previous_rows:
+                assert previous is not None
+                tokens = previous.row_tokens(max(prepared.inputs.previous_index) + 1)
+            try:
+                return self.runner.run(prepared, tokens)
+            finally:
+                self._event("device_end", index)
+
+        launched = LaunchedStep(index, plan, samples, epochs, rows_of, job, decode_only)
+        if self.async_scheduling and self._serial_parents == 0:
+            launched.future = self._device.submit(job)
+        return launched
+
+    def _land(self, launched: LaunchedStep) -> list[Request]:
+        """Wait for a launched step and apply its results: confirm its KV, append the tokens, check
+        stops, finish requests. Requests that ended after it was launched are skipped (their rows
+        are dropped)."""
+        plan = launched.plan
         try:
-            results = self.runner.execute(plan, rows)
+            results = launched.result()
         except Exception as exc:  # a failed step fails its requests, not the engine
             logger.exception("model step failed")
             self.num_failed_steps += 1
             if isinstance(exc, MemoryError | torch.OutOfMemoryError):
                 self.fatal_error = f"out of memory in a model step: {exc}"  # /health: 503, restart the process
+            failed = []
             for s in plan.scheduled:
-                s.request.error = f"internal error: the engine failed in a model step: {exc}"
-                self.scheduler.finish(s.request, FinishReason.ERROR)
-            return [s.request for s in plan.scheduled]
-        if self.speculator is not None and all(s.request.num_computed_tokens == s.request.num_tokens - 1
-                                               for s in plan.scheduled):  # decode rows (and drafts) alone
+                if not s.request.is_finished:
+                    s.request.error = f"internal error: the engine failed in a model step: {exc}"
+                    self.scheduler.finish(s.request, FinishReason.ERROR)
+                    failed.append(s.request)
+            return failed
+        if self.speculator is not None and launched.decode_only:  # decode rows (and drafts) alone
             verified = any(s.draft_token_ids for s in plan.scheduled)
-            self.speculator.observe_step(len(plan.scheduled), time.perf_counter() - t0, verified)
+            self.speculator.observe_step(len(plan.scheduled), time.perf_counter() - launched.launched_at, verified)
         now = time.monotonic()
         touched = []
         for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
             request = s.request
+            if request.is_finished:
+                continue  # it ended after this step was launched: what the step computed for it is dropped
+            if request.metrics.num_preemptions == launched.epochs[i]:  # else its KV was dropped meanwhile
+                request.num_inflight -= s.num_new_tokens
+                self.kv.register_computed(request)
+            request.num_pending -= launched.samples[i]
             if i in results.failed:  # its logits were not finite: it fails alone
                 self.num_failed_rows += 1
                 request.error = f"internal error: {results.failed[i]}"
                 self.scheduler.finish(request, FinishReason.ERROR, now)
                 touched.append(request)
                 continue
-            request.num_computed_tokens += s.num_new_tokens
-            request.metrics.num_computed_prompt_tokens += min(
-                s.num_new_tokens, max(0, request.num_prompt_tokens - (request.num_computed_tokens - s.num_new_tokens))
-            )
-            self.kv.register_computed(request)
             scored = results.prompt_logprobs.get(i)
             if scored is not None and request.prompt_logprobs is not None:
                 request.prompt_logprobs.extend(scored)
@@ -397,16 +505,21 @@ class Engine:
                 else:
                     self._append(request, result, now)
                 touched.append(request)
-            elif request.sampling_params.max_tokens == 0 and request.num_computed_tokens >= request.num_tokens:
+            elif (request.sampling_params.max_tokens == 0
+                  and request.num_confirmed_tokens >= request.num_tokens):
                 self.scheduler.finish(request, FinishReason.LENGTH, now)  # the prompt is all it asked for
                 touched.append(request)
         return touched
+
+    def _event(self, kind: str, index: int) -> None:
+        if self.on_step_event is not None:
+            self.on_step_event(kind, index, time.perf_counter())
 
     def _sampling_row(self, request: Request) -> SamplingRow:
         params = request.sampling_params
         banned: tuple[int, ...] = ()
         constrained = request.grammar_active
-        if request.num_output_tokens < params.min_tokens and not constrained:  # the grammar says when to end
+        if request.num_output_tokens + request.num_pending < params.min_tokens and not constrained:  # the grammar says when to end
             banned = tuple(request.eos_token_ids)
         if request.thinking and not request.thinking_closed and not request.forced_tokens:
             budget = params.thinking_budget or 0
@@ -444,12 +557,14 @@ class Engine:
 
     def _append(self, request: Request, result: SampledToken, now: float) -> None:
         token = result.token_id
-        constrained = request.grammar_active
-        request.append_output(token)
+        constrained = request.grammar is not None and request.grammar_active
+        request.output_token_ids.append(token)
+        request.all_token_ids.append(token)
         if constrained:
             request.grammar.accept(token)
-        if request.metrics.first_token_time is None:
-            request.metrics.first_token_time = now
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
         if request.think_end_ids and token == request.think_end_ids[0]:
             request.thinking_closed = True
             if request.grammar is not None and request.grammar_start is None:  # after the forced "\n\n", if any
@@ -464,7 +579,7 @@ class Engine:
             request.stop_reason = token
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
-        if stream.defer_text:
+        if stream.stops is None and stream.final_only:  # stream.defer_text
             stream.deferred.append(token)
             delta = ""
         else:
@@ -476,12 +591,13 @@ class Engine:
                 request.stop_reason = stream.stops.matched_stop
                 self.scheduler.finish(request, FinishReason.STOP, now)
                 return
-        stream.new_text += delta
+        if delta:
+            stream.new_text += delta
         if constrained and request.grammar.done:  # the grammar is complete (or refused the token)
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
         if (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens) or (
-            request.num_tokens >= self.max_model_len
+            len(request.all_token_ids) >= self.max_model_len
         ):
             self.scheduler.finish(request, FinishReason.LENGTH, now)
 
@@ -545,6 +661,8 @@ class Engine:
         error = next((c.error for c in children if c.error), None)
         if finished:
             del self._parents[parent.request_id]
+            self._serial_parents -= parent.needs_host_tokens
+            self._other_than_greedy -= not parent.plain_greedy
             for c in parent.children:
                 self._streams.pop(id(c), None)
         return RequestOutput(

@@ -139,29 +139,51 @@ class Scheduler:
         within each group (a stable sort of ``running``). A decode's speculative draft tokens
         (``Request.draft_token_ids``) ride along in the budget left after one token for each
         decode still to come (``_drafts``)."""
-        order = sorted(self.running, key=lambda r: (r.background, r.is_prefilling))
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        background: list[Request] = []
+        for r in self.running:  # one pass where a sort by (background, prefilling) would call both per request
+            if r.background:
+                background.append(r)
+            elif r.num_tokens - r.num_computed_tokens > 1:
+                prefills.append(r)
+            else:
+                decodes.append(r)
+        if background:
+            background.sort(key=lambda r: r.is_prefilling)  # stable: decodes first, admission order kept
+        order = decodes + prefills + background
         scheduled: set[int] = set()
-        decodes_left = sum(1 for r in order if not r.is_prefilling)  # each keeps one token of the budget
+        decodes_left = len(decodes) + sum(1 for r in background if not r.is_prefilling)  # each keeps a budget token
+        block_size = self.kv.block_size
         for request in order:
             if budget.total == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            limit = budget.left(request)
+            num_tokens = request.num_tokens
+            if request.num_pending and num_tokens >= request.token_limit:
+                decodes_left -= num_tokens - request.num_computed_tokens <= 1
+                continue  # the token a launched step is sampling ends it (overlapped steps)
+            limit = budget.left(request) if request.background else budget.total
             if limit == 0:
                 continue  # the background share of this step is spent
-            n = min(request.num_tokens - request.num_computed_tokens, limit)
-            decodes_left -= not request.is_prefilling
-            drafts = self._drafts(request, limit - n - decodes_left)
-            while not drafts and not self.kv.allocate_slots(request, n):
-                victim = self._victim(scheduled)
-                self._preempt(victim, out)
-                if victim is request:
-                    break
+            left = num_tokens - request.num_computed_tokens
+            n = min(left, limit)
+            decodes_left -= left <= 1
+            drafts = self._drafts(request, limit - n - decodes_left) if request.draft_token_ids else ()
+            if not drafts and (request.num_computed_tokens + n + block_size - 1) // block_size > len(request.block_ids):
+                while not self.kv.allocate_slots(request, n):  # it needs a block: free one, or preempt
+                    victim = self._victim(scheduled)
+                    self._preempt(victim, out)
+                    if victim is request:
+                        break
             if request.status is RequestStatus.RUNNING:
                 out.scheduled.append(ScheduledRequest(request, n, drafts))
                 scheduled.add(id(request))
-                budget.spend(request, n + len(drafts))
+                if request.background:
+                    budget.spend(request, n + len(drafts))
+                else:
+                    budget.total -= n + len(drafts)
 
     def _drafts(self, request: Request, room: int) -> tuple[int, ...]:
         """The draft tokens a decoding request computes this step: its proposal, cut to ``room``
@@ -225,7 +247,7 @@ class Scheduler:
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
         self.kv.free(request)
-        request.num_computed_tokens = 0
+        request.num_computed_tokens = request.num_inflight = 0  # a launched step's KV is dropped with it
         request.status = RequestStatus.WAITING
         request.metrics.num_preemptions += 1
         self.num_preemptions += 1
@@ -255,6 +277,9 @@ class Scheduler:
             self.waiting.remove(request)
         elif request in self.background_waiting:
             self.background_waiting.remove(request)
+        # what launched steps compute for it past this point is dropped: its KV and tokens end here
+        request.num_computed_tokens -= request.num_inflight
+        request.num_inflight = request.num_pending = 0
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.metrics.finished_time = now

@@ -17,11 +17,16 @@ chunk's last row scores the next chunk's first token:
     prompt:        t0 t1 t2 t3 t4 t5 t6        (P = 7; t0 has no logprob)
     chunk 1:       t0 t1 t2 t3                 rows at q = 0..3 score t1..t4
     chunk 2:                   t4 t5 t6        rows at q = 4, 5 score t5, t6; q = 6 samples
+
+Overlapped steps: a decoding request's input token may be one the step before is still sampling
+(``Request.num_pending``). Its row gets a placeholder id, and ``previous_rows`` / ``previous_index``
+say where the runner takes the real id from: the previous step's sampled row ``previous_index[j]``
+goes to flat row ``previous_rows[j]``, on the device, before the forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,11 +55,17 @@ class StepInputs:
     logits_indices: torch.Tensor
     sampling_requests: list[int]  # [S] index into the scheduled list of each sampled row's request
     prompt_rows: list[PromptRows] = field(default_factory=list)  # empty unless a request asks
+    # overlapped steps: flat rows whose token the previous step samples, and which of its sampled rows
+    previous_rows: list[int] = field(default_factory=list)
+    previous_index: list[int] = field(default_factory=list)
 
 
 def build_step_inputs(
-    scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu"
+    scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu",
+    previous: Mapping[int, int] | None = None,
 ) -> StepInputs:
+    """``previous``: id(request) -> its sampled row in the launched step before this one, for the
+    requests whose next input token that step is sampling (overlapped steps; None: serial)."""
     # plain Python lists, one tensor each at the end: a decode step has a handful of rows, and
     # ~10 small torch ops cost more than the lists (~0.6 ms a step)
     ids: list[int] = []
@@ -68,12 +79,39 @@ def build_step_inputs(
     prefill_rows: list[int] = []
     tables: list[list[int]] = []
     prompt_rows: list[PromptRows] = []
+    previous_rows: list[int] = []
+    previous_index: list[int] = []
     for i, s in enumerate(scheduled):
         r, n = s.request, s.num_new_tokens
         c = r.num_computed_tokens
         k = len(s.draft_token_ids)  # draft tokens after the real ones, at positions c + n .. c + n + k - 1
         blocks = r.block_ids
+        if n == 1 and not k and r.prompt_logprobs is None:  # one row at position c: a decode, most rows
+            known = r.all_token_ids
+            if c < len(known):
+                ids.append(known[c])
+            else:  # the launched step before this one samples it
+                assert previous is not None and c == len(known), "one pending token, the last"
+                previous_rows.append(len(ids))
+                previous_index.append(previous[id(r)])
+                ids.append(0)
+            positions.append(c)
+            slots.append(blocks[c // block_size] * block_size + c % block_size)
+            row = query_start[-1]
+            query_start.append(row + 1)
+            seq_lens.append(c + 1)
+            decode_rows.append(i)
+            tables.append(blocks)
+            if s.samples:
+                logits_rows.append(row)
+                sampling.append(i)
+            continue
         ids.extend(r.all_token_ids[c : c + n])
+        if c + n > len(r.all_token_ids):  # its token at len(all_token_ids): the launched step samples it
+            assert previous is not None and c + n == len(r.all_token_ids) + 1, "one pending token, the last"
+            previous_rows.append(len(ids))
+            previous_index.append(previous[id(r)])
+            ids.append(0)
         ids.extend(s.draft_token_ids)
         positions.extend(range(c, c + n + k))
         if n + k <= _SLOTS_BY_LOOP:
@@ -114,6 +152,8 @@ def build_step_inputs(
         logits_indices=_on(device, torch.tensor(logits_rows, dtype=torch.int64)),
         sampling_requests=sampling,
         prompt_rows=prompt_rows,
+        previous_rows=previous_rows,
+        previous_index=previous_index,
     )
 
 

@@ -16,7 +16,7 @@ change them in place)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +47,20 @@ class StepResult:
     # scheduled index -> the tokens sampled at its draft rows, in order (requests with draft tokens:
     # ``sampled`` holds the token at its last real token's row, these the k tokens after)
     draft_samples: dict[int, list[SampledToken]] = field(default_factory=dict)
+    # [S] the token of every sampled row, in row order (0 for a failed row): the next overlapped
+    # step reads its pending input tokens here
+    row_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedStep:
+    """A step's inputs, built on the host; ``ModelRunner.run`` computes it (on the device's thread
+    when steps overlap)."""
+
+    inputs: StepInputs
+    rows: Sequence[SamplingRow]
+    num_scheduled: int
+    plain_greedy: bool | None = None  # every row is plain greedy (``sampler.plain_greedy``); None: look
 
 
 class ModelRunner:
@@ -59,24 +73,46 @@ class ModelRunner:
         self.device = backend.device
         self.fault_hook: Callable[[str, torch.Tensor | None], None] | None = None
 
-    @torch.inference_mode()
     def execute(self, step: SchedulerOutput, rows: Sequence[SamplingRow]) -> StepResult:
         """The sampled token of each scheduled request (None mid-prefill) and the prompt logprobs
         the step computed.
 
         ``rows`` holds the sampling settings of the requests that sample, in scheduled order.
         """
-        inputs = build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device)
+        return self.run(self.prepare(step, rows))
+
+    def prepare(
+        self, step: SchedulerOutput, rows: Sequence[SamplingRow], previous: Mapping[int, int] | None = None,
+        plain_greedy: bool | None = None,
+    ) -> PreparedStep:
+        """The host's part of a step: its flat inputs (``previous``: see ``build_step_inputs``).
+        ``plain_greedy``: the caller knows whether every row is plain greedy (None: each row is looked at)."""
+        inputs = build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device, previous)
+        return PreparedStep(inputs, rows, len(step.scheduled), plain_greedy)
+
+    @torch.inference_mode()
+    def run(self, step: PreparedStep, previous_tokens: Sequence[int] | None = None) -> StepResult:
+        """The device's part: the forward and the sampling. ``previous_tokens``: the row tokens of
+        the step before (``StepResult.row_tokens``) when this one reads pending tokens from it."""
+        inputs, rows = step.inputs, step.rows
+        if inputs.previous_rows:
+            assert previous_tokens is not None, "the step reads tokens of a step that has no results"
+            taken = torch.tensor([previous_tokens[j] for j in inputs.previous_index], dtype=torch.int64)
+            inputs.input_ids[torch.tensor(inputs.previous_rows, device=self.device)] = taken.to(self.device)
         attention = self.attention.bind(inputs.attention)
         if self.fault_hook is not None:
             self.fault_hook("forward", None)
         hidden = self.backend.forward(self.model, inputs.input_ids, inputs.positions, attention)
         prompt = {p.request: self._score_prompt(hidden, p) for p in inputs.prompt_rows}
-        result = StepResult([None] * len(step.scheduled), prompt)
-        self._sample(hidden, inputs, rows, result)
+        result = StepResult([None] * step.num_scheduled, prompt)
+        plain = step.plain_greedy if step.plain_greedy is not None else plain_greedy(rows)
+        self._sample(hidden, inputs, rows, result, plain)
         return result
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], result: StepResult) -> None:
+    def _sample(
+        self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], result: StepResult,
+        plain: bool,
+    ) -> None:
         results, failed = result.sampled, result.failed
         if not inputs.sampling_requests:
             return
@@ -84,9 +120,12 @@ class ModelRunner:
         if self.fault_hook is not None:
             self.fault_hook("logits", logits)
         # plain greedy rows: every argmax and the finiteness check in one pass, where the backend can
-        picked = self.backend.greedy_pick(logits) if plain_greedy(rows) else None
-        finite = picked[1].tolist() if picked is not None else _finite_rows(logits)
-        bad = [j for j, ok in enumerate(finite) if not ok]  # rows holding NaN or inf: not sampled
+        picked = self.backend.greedy_pick(logits) if plain else None
+        if picked is not None:
+            finite = None if bool(picked[1].all()) else picked[1].tolist()
+        else:
+            finite = _finite_rows(logits)
+        bad = [j for j, ok in enumerate(finite) if not ok] if finite is not None else []  # NaN or inf: not sampled
         for j in bad:
             failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
         if picked is not None:
@@ -95,6 +134,13 @@ class ModelRunner:
             if bad:
                 logits[bad] = 0.0  # sampled below like any row; the result is discarded
             out = self.sampler(logits, rows)
+        if not failed and out.logprobs is None and len(out.token_ids) == len(set(inputs.sampling_requests)):
+            # no failed row, no logprobs, no draft rows: one token per request
+            result.row_tokens.extend(out.token_ids)
+            for i, token in zip(inputs.sampling_requests, out.token_ids, strict=True):
+                results[i] = SampledToken(token, None)
+            return
+        result.row_tokens.extend(0 if i in failed else t for i, t in zip(inputs.sampling_requests, out.token_ids, strict=True))
         previous = -1
         for j, i in enumerate(inputs.sampling_requests):
             if i in failed:
@@ -133,8 +179,8 @@ class ModelRunner:
         return entries
 
 
-def _finite_rows(logits: torch.Tensor) -> list[bool]:
-    """logits [S, V] -> whether each row's values are all finite (one sum when they all are)."""
+def _finite_rows(logits: torch.Tensor) -> list[bool] | None:
+    """logits [S, V] -> whether each row's values are all finite; None when they all are (one sum)."""
     if bool(torch.isfinite(logits.sum())):
-        return [True] * logits.shape[0]
+        return None
     return torch.isfinite(logits).all(dim=-1).tolist()

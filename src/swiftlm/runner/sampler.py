@@ -8,7 +8,7 @@ that need it, and is skipped entirely when no row does):
       -> repetition penalty (prompt + output tokens), frequency / presence penalty (output tokens)
       == processed logits                      -> logprobs = log_softmax(processed)  (rows that ask)
       -> greedy rows: argmax
-      -> sampled rows: / temperature -> top-k -> top-p -> min-p -> exponential race (per-row seeds)
+      -> sampled rows: / temperature -> top-k -> top-p -> min-p -> one inverse-transform draw (per-row seeds)
       -> forced rows: the forced id
 
 Grammar rows skip the mask where that cannot change their result (``runner.grammar_rows``):
@@ -41,7 +41,6 @@ from swiftlm.runner.structured import (
 )
 from swiftlm.runner.top_logits import largest
 
-_MIN_EXPONENTIAL = 1e-30  # Exp(1) draws are clamped away from 0 so that log E is finite
 _NUCLEUS_CANDIDATES = (1024, 32768)  # top-p-only rows look for their nucleus among these many tokens
 _NUCLEUS_MARGIN = 1e-4  # rounding allowance when deciding that those tokens hold the nucleus
 _SPARSE_MASK_WORDS = (
@@ -308,7 +307,7 @@ def _sample_vocabulary(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Te
     """Rows without top-k / top-p. ``x`` [R, V] is not modified; returns [R] token ids."""
     values = x / _column([r.params.temperature for r in rows], x)  # [R, V]
     _apply_min_p(values, rows)
-    return _race(values, rows, [x.shape[1]] * len(rows))
+    return _draw(values, rows)
 
 
 def _sample_candidates(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
@@ -331,7 +330,7 @@ def _sample_candidates(x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Te
         mass_before = probs.cumsum(dim=-1) - probs  # [R, M]: mass of the candidates before each
         values.masked_fill_((mass_before >= top_p) & (top_p < 1.0), -math.inf)  # rounding: keep top_p 1
     _apply_min_p(values, rows)
-    return ids.gather(1, _race(values, rows, counts).unsqueeze(1)).squeeze(1)
+    return ids.gather(1, _draw(values, rows).unsqueeze(1)).squeeze(1)
 
 
 def _all_candidates(
@@ -472,25 +471,32 @@ def _draw_uniform(out: torch.Tensor, generator: torch.Generator | None) -> None:
         out.copy_(torch.empty(out.shape, dtype=out.dtype).uniform_(generator=generator))
 
 
-def _race(values: torch.Tensor, rows: Sequence[SamplingRow], widths: Sequence[int]) -> torch.Tensor:
-    """Exponential race: argmax(log p - log E) with E ~ Exp(1) i.i.d. picks column c of
-    ``values`` [R, W] (unnormalised log-probabilities) with probability p_c. Row j uses only its
-    first ``widths[j]`` columns; the rest must be -inf. Modifies ``values``; returns [R]."""
-    uniform = torch.empty_like(values)  # [R, W]
+def _draw(values: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """One draw per row by inverse transform: column c of ``values`` [R, W] (unnormalised
+    log-probabilities, -inf for columns out of the running) with probability p_c. Each row takes one
+    uniform u (from its own generator when seeded) and the first column whose cumulative mass, in
+    column order, exceeds u times the row's total: one exp and one cumulative sum over the row, and
+    one random number, where a race of exponentials needs a random number and two logarithms per
+    column. A row with no finite value picks column 0. Modifies ``values``; returns [R]."""
+    n, width = values.shape
+    top = values.amax(dim=-1, keepdim=True)  # [R, 1]
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row of -inf: no NaN below
+    cdf = values.sub_(top).exp_().cumsum_(dim=-1)  # [R, W]: running mass, flat over the columns out of it
+    uniform = torch.empty(n, 1, dtype=values.dtype, device=values.device)  # [R, 1]
     if all(r.generator is None for r in rows):
         uniform.uniform_()
     else:
-        for j, row in enumerate(rows):
-            # A seeded row draws exactly widths[j] uniforms, fixed by its own params and logits,
-            # so its generator advances the same way in any batch. In place, row by row: a fresh
-            # tensor per row costs ~10x more on CPU (page faults).
-            _draw_uniform(uniform[j, : widths[j]], row.generator)
-            uniform[j, widths[j] :] = 0.0
+        for j, row in enumerate(rows):  # a seeded row draws one number a step, in any batch
+            _draw_uniform(uniform[j], row.generator)
             if row.on_draw is not None:
                 row.on_draw()
-    # E = -log(1 - U), kept away from 0 so that log E is finite.
-    log_e = uniform.neg_().log1p_().neg_().clamp_min_(_MIN_EXPONENTIAL).log_()
-    return values.sub_(log_e).max(dim=-1).indices
+    total = cdf[:, -1:]  # [R, 1]
+    chosen = torch.searchsorted(cdf, uniform * total, right=True).squeeze(1)  # [R]: first column with cdf > u * total
+    if bool((chosen >= width).any()):  # u * total rounded up to the total: the last column with mass
+        last = width - 1 - (cdf.diff(dim=-1, prepend=torch.zeros_like(total)) > 0).flip(-1).int().argmax(dim=-1)
+        last = torch.where(total.squeeze(1) > 0, last, torch.zeros_like(last))
+        chosen = torch.where(chosen < width, chosen, last)
+    return chosen
 
 
 def _logprobs(

@@ -16,8 +16,8 @@ class SamplingRow:
     """One row of the batch: one request at this step.
 
     ``generator`` is the request's own generator when ``params.seed`` is set (a host generator:
-    over device logits its draws are made on the host and copied). A sampled step draws one uniform from it per candidate token (V without
-    top-k / top-p), a greedy or forced step none, whatever else is in the batch.
+    over device logits its draws are made on the host and copied). A sampled step draws one uniform from it (one inverse-transform draw), a greedy or forced
+    step none, whatever else is in the batch.
     ``banned_token_ids`` get logit -inf (the engine uses it for EOS while ``min_tokens`` is not
     reached). ``forced_token_id`` is returned as the token, with its logprob under the processed
     logits. ``grammar``: the request's structured-output state; tokens it does not allow get

@@ -66,6 +66,10 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
                    help="accepted, no effect: preempted requests are recomputed, never swapped to CPU memory")
     g.add_argument("--enforce-eager", action="store_true",
                    help="CUDA: capture no decode graphs, run every step eagerly (on a CPU: no effect)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlapped steps: the host schedules and builds step N+1 while the device runs step N "
+                        "(default: on with CUDA, off on a CPU, where the model and the host share the cores "
+                        "and it measured slower)")
     g.add_argument("--enable-batch-api", action="store_true",
                    help="accepted: the Batch API (/v1/files, /v1/batches) is on unless --disable-batch-api")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",

@@ -43,6 +43,7 @@ from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
 class CudaBackend(Backend):
     name = "cuda"
+    overlaps_steps_by_default = True  # the device runs apart from the host: step N+1 is built while N runs
 
     def __init__(self, device: str = "cuda", *, interpret: bool = False, enforce_eager: bool = False,
                  max_num_seqs: int = 256, max_model_len: int = 40960) -> None:
