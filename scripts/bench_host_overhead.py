@@ -5,7 +5,9 @@ costs is mostly the engine's Python (scheduling, step inputs, sampling bookkeepi
     python scripts/bench_host_overhead.py --seqs 256 --tokens 64 --repeats 3
     python scripts/bench_host_overhead.py --profile          # cProfile of one run, by own time
 
-Reports the median wall time per generated token (all sequences together) and per engine step."""
+Reports the median wall time per generated token (all sequences together) and per engine step, and,
+where the engine reports its step events, the device's share (forward and sampling, from a step's
+start on the device to its end) and the host's (the rest: scheduling, step inputs, appending, stops)."""
 
 from __future__ import annotations
 
@@ -54,8 +56,21 @@ def main() -> int:
     rng = random.Random(0)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.tokens, ignore_eos=True)
 
+    device = [0.0]  # seconds the device spent on steps (engines that report step events)
+    started: dict[int, float] = {}
+
+    def on_event(kind: str, index: int, t: float) -> None:
+        if kind == "device_start":
+            started[index] = t
+        elif kind == "device_end":
+            device[0] += t - started.pop(index)
+
+    if hasattr(llm.engine, "on_step_event"):
+        llm.engine.on_step_event = on_event
+
     def run() -> tuple[float, int]:
         prompts = [{"prompt_token_ids": [rng.randrange(300, 4000) for _ in range(args.prompt)]} for _ in range(args.seqs)]
+        device[0] = 0.0
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
@@ -68,13 +83,18 @@ def main() -> int:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         return 0
-    per_token = []
+    per_token, device_per_token = [], []
     for _ in range(args.repeats):
         seconds, tokens = run()
         per_token.append(seconds / tokens * 1e6)
+        device_per_token.append(device[0] / tokens * 1e6)
     med = statistics.median(per_token)
-    print(json.dumps({"seqs": args.seqs, "tokens": args.tokens, "us_per_token": round(med, 2),
-                      "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token]}))
+    report = {"seqs": args.seqs, "tokens": args.tokens, "us_per_token": round(med, 2),
+              "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token]}
+    if hasattr(llm.engine, "on_step_event"):
+        report["device_us_per_token"] = round(statistics.median(device_per_token), 2)
+        report["host_us_per_token"] = round(statistics.median(p - d for p, d in zip(per_token, device_per_token)), 2)
+    print(json.dumps(report))
     return 0
 
 

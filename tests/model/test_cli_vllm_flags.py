@@ -127,6 +127,15 @@ def test_enforce_eager_reaches_the_engine_config() -> None:
     assert (dataclasses.replace(engine, enforce_eager=False), server) == configs("m")
 
 
+def test_async_scheduling_reaches_the_engine_config() -> None:
+    """vLLM's --async-scheduling / --no-async-scheduling; left out, the backend decides (None)."""
+    assert configs("m --async-scheduling")[0].async_scheduling is True
+    assert configs("m --no-async-scheduling")[0].async_scheduling is False
+    engine, server = configs("m")
+    assert engine.async_scheduling is None
+    assert (dataclasses.replace(configs("m --async-scheduling")[0], async_scheduling=None), server) == (engine, server)
+
+
 def test_several_served_model_names() -> None:
     _, server = configs("Qwen/Qwen3-0.6B --served-model-name Qwen/Qwen3-0.6B Qwen-0.6B --port 8001")
     assert server.served_model_names == ("Qwen/Qwen3-0.6B", "Qwen-0.6B")

@@ -112,12 +112,13 @@ def test_sessions_and_prefix_hits_match_serial(tiny_tied_dir: Path, ending: str)
     assert results[1][4] > 0
 
 
-def test_the_host_prepares_the_next_step_while_the_device_runs(tiny_tied_dir: Path) -> None:
+@pytest.mark.parametrize("run_model", [True, False], ids=["model", "no-layers"])
+def test_the_host_prepares_the_next_step_while_the_device_runs(tiny_tied_dir: Path, run_model: bool) -> None:
     """With a device step of 30 ms, the host's preparation of step N+1 starts before step N's device
-    work ends (overlapped), and never does serially."""
+    work ends (overlapped), and never does serially; every step takes the device its 30 ms."""
     seen: dict[bool, list[tuple[str, int, float]]] = {}
     for overlap in (False, True):
-        backend = FixedTimeBackend(TorchBackend("cpu"), device_seconds=0.03)
+        backend = FixedTimeBackend(TorchBackend("cpu"), device_seconds=0.03, run_model=run_model)
         llm = LLM(str(tiny_tied_dir), dtype="float32", backend=backend, async_scheduling=overlap)
         events: list[tuple[str, int, float]] = []
         llm.engine.on_step_event = lambda kind, index, t, events=events: events.append((kind, index, t))
@@ -128,7 +129,41 @@ def test_the_host_prepares_the_next_step_while_the_device_runs(tiny_tied_dir: Pa
         at = {(kind, index): t for kind, index, t in events}
         steps = sorted(index for kind, index in at if kind == "device_end")
         early = [n for n in steps if ("prepare", n + 1) in at and at[("prepare", n + 1)] < at[("device_end", n)]]
+        assert all(at[("device_end", n)] - at[("device_start", n)] >= 0.03 for n in steps)
         if overlap:
             assert len(early) >= len(steps) - 2, (early, steps)  # every step but the first and the last
         else:
             assert early == []
+
+
+def test_a_failed_overlapped_step_fails_its_requests_alone(tiny_tied_dir: Path) -> None:
+    """A forward that raises while the next step is already launched (it reads the failed step's tokens):
+    the requests in it end with an error, the engine goes on, and no block leaks."""
+    llm = LLM(str(tiny_tied_dir), dtype="float32", async_scheduling=True)
+    eng = llm.engine
+    calls = {"n": 0}
+
+    def fail_third(kind: str, _logits: object) -> None:
+        if kind == "forward":
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("boom")
+
+    eng.runner.fault_hook = fail_third
+    from swiftlm.core.generation import GenerationRequest
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    batch = prompts([5, 7], seed=4)
+    for i, p in enumerate(batch):
+        eng.add_request(GenerationRequest(f"a{i}", p["prompt_token_ids"], params, final_only=True))
+    finals = {}
+    while eng.has_unfinished():
+        for out in eng.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert all("boom" in (finals[f"a{i}"].error or "") for i in range(2))
+    eng.runner.fault_hook = None
+    late = llm.generate([batch[0]], params, use_tqdm=False)[0]
+    assert late.error is None and len(late.outputs[0].token_ids) == 6
+    assert eng.stats().num_failed_steps == 1
+    assert_no_leaks(llm)

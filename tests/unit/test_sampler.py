@@ -379,3 +379,30 @@ def test_top_k_candidates_from_the_largest_logits_equal_the_threshold_scan(vocab
             assert c == rows[r].params.top_k
             assert torch.equal(fast_values[f, :c], values[r, :c]) and torch.equal(fast_ids[f, :c], ids[r, :c])
     assert used and declined
+
+
+def test_one_draw_picks_only_columns_with_mass_and_column_0_of_an_empty_row() -> None:
+    """The inverse-transform draw never lands on a column of probability 0 (before, between or after
+    the others), even with uniforms at the ends of [0, 1); a row with no finite value picks column 0."""
+    from swiftlm.runner.sampler import _draw
+
+    values = torch.tensor([[-math.inf, 0.0, -math.inf, 1.0, -math.inf], [-math.inf] * 5])
+    for u in (0.0, 0.5, 1.0 - 2.0**-24):
+        row = make_row(SamplingParams(temperature=1.0, seed=1))
+        row.generator = None
+        torch.manual_seed(0)
+        with torch.random.fork_rng():
+            original = torch.Tensor.uniform_
+
+            def fixed(self: torch.Tensor, *args: object, u: float = u, **kwargs: object) -> torch.Tensor:
+                return self.fill_(u)
+
+            torch.Tensor.uniform_ = fixed  # type: ignore[method-assign]
+            try:
+                got = _draw(values.clone(), [row, row]).tolist()
+            finally:
+                torch.Tensor.uniform_ = original  # type: ignore[method-assign]
+        assert got[0] in (1, 3) and got[1] == 0, (u, got)
+    lone = torch.full((1, 7), -math.inf)
+    lone[0, 6] = 2.0
+    assert _draw(lone, [make_row(SamplingParams(temperature=1.0))]).tolist() == [6]

@@ -18,7 +18,7 @@ from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
-from swiftlm.core.request import FinishReason, Request
+from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
@@ -414,18 +414,23 @@ class Engine:
         rows: list[SamplingRow] = []
         samples: list[bool] = []
         rows_of: dict[int, int] = {}
+        plain = self._other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
         for s in plan.scheduled:
             sample = s.samples
             samples.append(sample)
             if sample:
-                rows_of[id(s.request)] = len(rows)
-                rows.append(self._sampling_row(s.request))
+                r = s.request
+                rows_of[id(r)] = len(rows)
+                if plain:  # nothing to ban, force or constrain: the row is its request's as it stands
+                    rows.append(SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids, r.generator))
+                    continue
+                rows.append(self._sampling_row(r))
                 if s.draft_token_ids and self.speculator is not None:
-                    rows.extend(self.speculator.draft_rows(s.request, rows[-1], s.draft_token_ids))
+                    rows.extend(self.speculator.draft_rows(r, rows[-1], s.draft_token_ids))
         previous = self._launched
-        plain = self._other_than_greedy == 0 and self.speculator is None
         prepared = self.runner.prepare(plan, rows, previous.rows_of if previous is not None else None, plain or None)
-        decode_only = all(s.request.num_computed_tokens == s.request.num_tokens - 1 for s in plan.scheduled)
+        decode_only = self.speculator is not None and all(
+            s.request.num_computed_tokens == s.request.num_tokens - 1 for s in plan.scheduled)
         epochs = []
         for s, sample in zip(plan.scheduled, samples, strict=True):
             r, n = s.request, s.num_new_tokens
@@ -476,14 +481,15 @@ class Engine:
                     self.scheduler.finish(s.request, FinishReason.ERROR)
                     failed.append(s.request)
             return failed
-        if self.speculator is not None and launched.decode_only:  # decode rows (and drafts) alone
+        if launched.decode_only:  # decode rows (and drafts) alone: speculation times these steps
             verified = any(s.draft_token_ids for s in plan.scheduled)
             self.speculator.observe_step(len(plan.scheduled), time.perf_counter() - launched.launched_at, verified)
         now = time.monotonic()
         touched = []
+        finished = RequestStatus.FINISHED
         for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
             request = s.request
-            if request.is_finished:
+            if request.status is finished:
                 continue  # it ended after this step was launched: what the step computed for it is dropped
             if request.metrics.num_preemptions == launched.epochs[i]:  # else its KV was dropped meanwhile
                 request.num_inflight -= s.num_new_tokens

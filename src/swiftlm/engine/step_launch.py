@@ -57,7 +57,7 @@ class LaunchedStep:
     epochs: list[int]  # per scheduled request: its preemption count at launch (a preemption drops the KV)
     rows_of: dict[int, int]  # id(request) -> its first sampled row (where the next step finds its token)
     job: Callable[[], StepResult]
-    decode_only: bool  # every scheduled request decodes (speculation times these steps)
+    decode_only: bool  # speculating, and every scheduled request decodes (speculation times these steps)
     launched_at: float = field(default_factory=time.perf_counter)
     future: Future[StepResult] | None = None
 
