@@ -93,7 +93,8 @@ def main() -> int:
               "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token]}
     if hasattr(llm.engine, "on_step_event"):
         report["device_us_per_token"] = round(statistics.median(device_per_token), 2)
-        report["host_us_per_token"] = round(statistics.median(p - d for p, d in zip(per_token, device_per_token)), 2)
+        host = [p - d for p, d in zip(per_token, device_per_token, strict=True)]
+        report["host_us_per_token"] = round(statistics.median(host), 2)
     print(json.dumps(report))
     return 0
 
