@@ -438,6 +438,10 @@ def _candidates(x: torch.Tensor, threshold: torch.Tensor) -> tuple[torch.Tensor,
     """Tokens with ``x >= threshold`` per row, as values and ids [R, M] in canonical order
     (value descending, id ascending; padded with -inf), and each row's count."""
     n, device = x.shape[0], x.device
+    if bool((threshold <= torch.finfo(x.dtype).min).all()):  # whole rows (nuclei no bounded top-k held)
+        counts = (x >= threshold).sum(dim=-1).tolist()  # the finite logits: -inf ones sort last, as padding
+        values, ids = x.sort(dim=-1, descending=True, stable=True)  # ties keep ascending ids
+        return values, ids, counts
     row, token = (x >= threshold).nonzero(as_tuple=True)  # [C] each, ids ascending within a row
     counts = torch.bincount(row, minlength=n)  # [R]
     # Slot of each kept token within its row: its index minus where its row starts.
