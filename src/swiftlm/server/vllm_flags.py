@@ -68,8 +68,8 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
                    help="CUDA: capture no decode graphs, run every step eagerly (on a CPU: no effect)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlapped steps: the host schedules and builds step N+1 while the device runs step N "
-                        "(default: on with CUDA, off on a CPU, where the model and the host share the cores "
-                        "and it measured slower)")
+                        "(default: off: on a CPU the model and the host share the cores and it measured "
+                        "slower; on CUDA it is not measured yet)")
     g.add_argument("--enable-batch-api", action="store_true",
                    help="accepted: the Batch API (/v1/files, /v1/batches) is on unless --disable-batch-api")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",

@@ -43,7 +43,9 @@ from swiftlm.model.decoder import Attention, DecoderForCausalLM
 
 class CudaBackend(Backend):
     name = "cuda"
-    overlaps_steps_by_default = True  # the device runs apart from the host: step N+1 is built while N runs
+    # off until measured on a GPU (``scripts/gpu_check.py``'s throughput stage runs both ways): the device
+    # thread needs the GIL to launch a step and to read its tokens, and waits for it while the host works
+    overlaps_steps_by_default = False
 
     def __init__(self, device: str = "cuda", *, interpret: bool = False, enforce_eager: bool = False,
                  max_num_seqs: int = 256, max_model_len: int = 40960) -> None:
