@@ -132,7 +132,7 @@ class AsyncEngine:
             with self._count_lock:
                 self._pending_adds -= counted
             try:
-                self.engine.add_request(request)
+                self.engine.add_request(request, validated=True)  # validated above, in the caller's thread
             except Exception as exc:  # the queue filled up meanwhile
                 self._channels.pop(request_id, None)
                 channel.put(exc)

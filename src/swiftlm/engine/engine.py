@@ -186,8 +186,11 @@ class Engine:
             logger.info("%s", warmed)
 
     # -- requests in ------------------------------------------------------------------------
-    def add_request(self, request: GenerationRequest) -> None:
+    def add_request(self, request: GenerationRequest, validated: bool = False) -> None:
         """Queue a request (``n`` sequences). Raises RequestError or QueueFullError.
+
+        ``validated``: the caller ran ``validate`` on it already (``AsyncEngine.submit`` does, in the
+        caller's thread, so that a bad request fails before a response starts): it is not run again.
 
         ``request.final_only``: report the request once, when it finishes (callers that wait for
         the whole answer skip per-token outputs). ``request.thinking`` (resolved by the front end)
@@ -198,7 +201,8 @@ class Engine:
         if request_id in self._parents:
             raise RequestError(f"request id {request_id!r} is already in use")
         ids = list(request.prompt_token_ids)
-        self.validate(ids, params)
+        if not validated:
+            self.validate(ids, params)
         now = time.monotonic() if request.arrival_time is None else request.arrival_time
         budgeted = request.thinking and params.thinking_budget is not None
         eos = frozenset(() if params.ignore_eos else self.tokenizer.eos_token_ids)
