@@ -168,3 +168,33 @@ def test_a_failed_overlapped_step_fails_its_requests_alone(tiny_tied_dir: Path) 
     assert eng.stats().num_failed_steps == 1
     assert_no_leaks(llm)
 
+
+
+def test_an_asynchronous_device_gives_the_serial_outputs_and_overlaps(tiny_tied_dir: Path) -> None:
+    """A device whose launches return at once (as a GPU's): step N+1 is launched before step N's
+    device time is up, reading its pending tokens from the device; the outputs are the serial ones."""
+    params = [SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True),
+              SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True)]
+    batch = prompts([6, 11], seed=9)
+    got = {}
+    for overlap in (False, True):
+        backend = FixedTimeBackend(TorchBackend("cpu"), device_seconds=0.02, asynchronous=True)
+        ends: list[float] = []  # each launched step's end on the device's clock, in launch order
+        launched = backend.step_launched
+
+        def record(launched=launched, ends=ends):
+            deadline = launched()
+            ends.append(deadline.at)
+            return deadline
+
+        backend.step_launched = record
+        llm = LLM(str(tiny_tied_dir), dtype="float32", backend=backend, async_scheduling=overlap)
+        starts: list[float] = []
+        llm.engine.on_step_event = lambda kind, index, t, starts=starts: starts.append(t) if kind == "device_start" else None
+        torch.manual_seed(0)
+        got[overlap] = outputs(llm, batch, params)
+        ends = ends[-len(starts):]  # the generate call's steps (warm-up steps came before)
+        early = sum(b < end for b, end in zip(starts[1:], ends, strict=False))  # launched while the last runs
+        assert (early >= len(starts) - 2) if overlap else early == 0, (early, len(starts))
+        assert_no_leaks(llm)
+    assert got[True] == got[False]

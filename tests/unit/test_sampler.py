@@ -406,3 +406,34 @@ def test_one_draw_picks_only_columns_with_mass_and_column_0_of_an_empty_row() ->
     lone = torch.full((1, 7), -math.inf)
     lone[0, 6] = 2.0
     assert _draw(lone, [make_row(SamplingParams(temperature=1.0))]).tolist() == [6]
+
+
+def test_the_device_draw_is_the_samplers_draw() -> None:
+    """``sample_on_device`` chooses what ``Sampler`` does from the same generator state (greedy,
+    temperature and min-p rows mixed, unseeded), and refuses rows it cannot choose alone."""
+    from swiftlm.runner.sampler import drawn_on_device, sample_on_device
+
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(2)) * 3
+    mixes = [
+        [SamplingParams(temperature=t, min_p=m) for t, m in ((0.0, 0.0), (0.7, 0.0), (1.3, 0.1), (0.0, 0.0),
+                                                           (0.9, 0.0), (2.0, 0.05))],
+        [SamplingParams(temperature=0.8) for _ in range(6)],
+        [SamplingParams(temperature=0.0) for _ in range(6)],
+    ]
+    for params in mixes:
+        rows = [make_row(p) for p in params]
+        for r in rows:
+            r.generator = None
+        assert drawn_on_device(rows, logits.shape[1])
+        for seed in range(20):
+            torch.manual_seed(seed)
+            want = Sampler()(logits, rows).token_ids
+            torch.manual_seed(seed)
+            assert sample_on_device(logits, rows).tolist() == want
+    refused = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, top_p=0.9),
+               SamplingParams(temperature=0.7, logprobs=1), SamplingParams(temperature=0.0, logit_bias={3: 1.0})]
+    for p in refused:
+        row = make_row(p)
+        row.generator = None
+        assert not drawn_on_device([row], logits.shape[1])
+    assert not drawn_on_device([make_row(SamplingParams(temperature=0.7, seed=3))], logits.shape[1])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -92,6 +93,11 @@ class Backend(ABC):
         """logits [B, V] float32 -> (each row's argmax, the lowest id on ties, [B] int64; whether all
         of its logits are finite [B] bool) in one pass, where this device has a kernel for it; None:
         the caller checks and samples as usual."""
+        return None
+
+    def step_launched(self) -> Any:
+        """Called when a step's work has been given to the device: something whose ``synchronize()``
+        waits for that work (a CUDA event), or None where the work is done when the call returns."""
         return None
 
     def activation_bytes(self, model: DecoderForCausalLM, block_size: int, max_rows: int, head_rows: int) -> int | None:

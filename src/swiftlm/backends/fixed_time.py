@@ -7,7 +7,10 @@ the GIL, as a GPU's step leaves the host free, so with overlapped steps a step s
 order of events instead of times). ``run_model=False`` skips the layers (the hidden states are the
 input embeddings; the KV cache is not written), so that on a CPU the device's share of a step is
 D and the lm_head alone, not the model's compute competing with the host for the cores: a
-measuring device for the engine's timing, whose tokens mean nothing. Everything else is ``inner``'s.
+measuring device for the engine's timing, whose tokens mean nothing. ``asynchronous=True`` models
+a GPU's launches too: the forward returns at once and the step's D seconds run on the device's own
+clock, after the step before (``step_launched`` gives the host something to wait on), so that nothing
+the engine does on its threads is taken for device time. Everything else is ``inner``'s.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from swiftlm.model.decoder import DecoderForCausalLM
 
 
 class FixedTimeBackend(Backend):
-    def __init__(self, inner: Backend, device_seconds: float, run_model: bool = True) -> None:
+    def __init__(self, inner: Backend, device_seconds: float, run_model: bool = True, asynchronous: bool = False) -> None:
         super().__init__(inner.device)
         self.inner = inner
         self.device_seconds = device_seconds
         self.run_model = run_model
+        self.asynchronous = asynchronous
+        self._busy_until = 0.0  # asynchronous: when the device ends the work it has been given
         self.name = f"{inner.name}+{device_seconds * 1e3:g}ms"
         self.overlaps_steps_by_default = True
 
@@ -60,9 +65,15 @@ class FixedTimeBackend(Backend):
         else:
             hidden = model.model.embed_tokens(input_ids)  # [T, hidden]: no layers, no KV written
         left = self.device_seconds - (time.perf_counter() - start)
-        if left > 0:
+        if left > 0 and not self.asynchronous:
             time.sleep(left)  # the device's time: the GIL is free meanwhile
         return hidden
+
+    def step_launched(self) -> _Deadline | None:
+        if not self.asynchronous:
+            return None
+        self._busy_until = max(time.perf_counter(), self._busy_until) + self.device_seconds
+        return _Deadline(self._busy_until)
 
     def greedy_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self.inner.greedy_pick(logits)
@@ -75,3 +86,15 @@ class FixedTimeBackend(Backend):
 
     def describe(self) -> str:
         return f"{self.inner.describe()}; every forward takes at least {self.device_seconds * 1e3:g} ms (test backend)"
+
+
+class _Deadline:
+    """The asynchronous device's event: ``synchronize()`` sleeps until its step ends."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def synchronize(self) -> None:
+        left = self.at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)

@@ -24,7 +24,7 @@ from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
-from swiftlm.runner.runner import ModelRunner, SampledToken, StepResult
+from swiftlm.runner.runner import LaunchedRun, ModelRunner, SampledToken
 from swiftlm.runner.sampler import SamplingRow
 from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
@@ -448,18 +448,18 @@ class Engine:
         self._num_steps += 1
         index = self._num_steps
 
-        def job() -> StepResult:
+        def job() -> LaunchedRun:
             self._event("device_start", index)
             for src, dst in copies:
                 self.kv_cache.copy_block(src, dst)
             tokens = None
             if prepared.inputs.previous_rows:
                 assert previous is not None
-                tokens = previous.row_tokens(max(prepared.inputs.previous_index) + 1)
+                tokens = previous.tokens_for_next(max(prepared.inputs.previous_index) + 1, self.runner.device)
             try:
-                return self.runner.run(prepared, tokens)
+                return self.runner.launch(prepared, tokens)
             finally:
-                self._event("device_end", index)
+                self._event("device_end", index)  # on a CPU the step's end; on CUDA its launch's
 
         launched = LaunchedStep(index, plan, samples, epochs, rows_of, job, decode_only)
         if self.async_scheduling and self._serial_parents == 0:
@@ -472,7 +472,7 @@ class Engine:
         are dropped)."""
         plan = launched.plan
         try:
-            results = launched.result()
+            results = self.runner.collect(launched.result())
         except Exception as exc:  # a failed step fails its requests, not the engine
             logger.exception("model step failed")
             self.num_failed_steps += 1

@@ -10,6 +10,12 @@ host works on the next:
 step reads what the steps before it wrote (KV, the block copies, the tokens they sampled), so FIFO
 order is all the synchronisation the KV pools need. Serial steps run their job inline, on the
 caller's thread, when they land.
+
+A job launches its step (``ModelRunner.launch``): on a CPU that is the whole computation; on CUDA
+the kernels are queued and a plain greedy step's tokens stay on the device, where the next step
+reads its pending input tokens, so the thread never waits for the GPU and the next step is queued
+before this one ends. Landing reads the results (``ModelRunner.collect``), waiting for this step's
+kernels only.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch
+
 from swiftlm.core.schedule import SchedulerOutput
-from swiftlm.runner.runner import StepResult
+from swiftlm.runner.runner import LaunchedRun
 
 StepEvent = Callable[[str, int, float], None]  # (kind, step index, time.perf_counter())
 
@@ -33,7 +41,7 @@ class DeviceThread:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Callable[[], StepResult]) -> Future[StepResult]:
+    def submit(self, job: Callable[[], LaunchedRun]) -> Future[LaunchedRun]:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swiftlm-device")
@@ -56,13 +64,13 @@ class LaunchedStep:
     samples: list[bool]  # per scheduled request: whether it samples this step
     epochs: list[int]  # per scheduled request: its preemption count at launch (a preemption drops the KV)
     rows_of: dict[int, int]  # id(request) -> its first sampled row (where the next step finds its token)
-    job: Callable[[], StepResult]
+    job: Callable[[], LaunchedRun]
     decode_only: bool  # speculating, and every scheduled request decodes (speculation times these steps)
     launched_at: float = field(default_factory=time.perf_counter)
-    future: Future[StepResult] | None = None
+    future: Future[LaunchedRun] | None = None
 
-    def result(self) -> StepResult:
-        """Wait for the step (or run it here, serial) and return its results; raises what it raised."""
+    def result(self) -> LaunchedRun:
+        """Wait for the step's launch (or launch it here, serial); raises what it raised."""
         if self.future is None:
             self.future = Future()
             try:
@@ -71,10 +79,11 @@ class LaunchedStep:
                 self.future.set_exception(exc)
         return self.future.result()
 
-    def row_tokens(self, num_rows: int) -> list[int]:
-        """The tokens its sampled rows drew, for the step after it (zeros if it failed: the requests
-        that read them fail with it, and the rows are dropped)."""
+    def tokens_for_next(self, num_rows: int, device: str) -> torch.Tensor:
+        """[S] the tokens its sampled rows drew, where they are (on the device), for the step after
+        it (zeros if it failed: the requests that read them failed with it, and their rows are dropped)."""
         try:
-            return self.result().row_tokens
+            tokens = self.result().tokens
         except Exception:
-            return [0] * num_rows
+            tokens = None
+        return tokens if tokens is not None else torch.zeros(num_rows, dtype=torch.int64, device=device)

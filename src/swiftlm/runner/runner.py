@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,7 +27,14 @@ from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.decoder import DecoderForCausalLM
 from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
-from swiftlm.runner.sampler import Sampler, SamplerOutput, SamplingRow, plain_greedy
+from swiftlm.runner.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingRow,
+    drawn_on_device,
+    plain_greedy,
+    sample_on_device,
+)
 
 PROMPT_LOGITS_ROWS = 128  # prompt rows scored per lm_head call (bounds the [rows, vocab] buffer)
 
@@ -54,13 +62,31 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True)
 class PreparedStep:
-    """A step's inputs, built on the host; ``ModelRunner.run`` computes it (on the device's thread
-    when steps overlap)."""
+    """A step's inputs, built on the host; ``ModelRunner.launch`` starts it (on the device's thread
+    when steps overlap) and ``ModelRunner.collect`` reads its results."""
 
     inputs: StepInputs
     rows: Sequence[SamplingRow]
     num_scheduled: int
     plain_greedy: bool | None = None  # every row is plain greedy (``sampler.plain_greedy``); None: look
+
+
+@dataclass(slots=True)
+class LaunchedRun:
+    """A step the device has been given. Steps whose rows the device can choose alone (plain greedy,
+    temperature only: ``sampler.drawn_on_device``) leave their tokens on the device
+    (``tokens``, ``finite``; on CUDA copied to pinned host memory behind ``ready``, so that reading
+    them waits for this step's kernels and not for a later step's); other steps sampled on the host
+    already (``out``, ``failed``)."""
+
+    step: PreparedStep
+    prompt: dict[int, list[dict[int, float]]]
+    tokens: torch.Tensor | None = None  # [S] int64 on the device: each sampled row's token
+    finite: torch.Tensor | None = None  # [S] bool on the device (greedy pick): rows whose logits were finite
+    host: torch.Tensor | None = None  # [2, S] int64 pinned copy of tokens and finite (CUDA)
+    ready: Any = None  # ``Backend.step_launched()``: waits for the step's work (None: done already)
+    out: SamplerOutput | None = None  # sampled on the host
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -81,6 +107,10 @@ class ModelRunner:
         """
         return self.run(self.prepare(step, rows))
 
+    def run(self, step: PreparedStep, previous_tokens: torch.Tensor | None = None) -> StepResult:
+        """``launch`` then ``collect``."""
+        return self.collect(self.launch(step, previous_tokens))
+
     def prepare(
         self, step: SchedulerOutput, rows: Sequence[SamplingRow], previous: Mapping[int, int] | None = None,
         plain_greedy: bool | None = None,
@@ -91,49 +121,80 @@ class ModelRunner:
         return PreparedStep(inputs, rows, len(step.scheduled), plain_greedy)
 
     @torch.inference_mode()
-    def run(self, step: PreparedStep, previous_tokens: Sequence[int] | None = None) -> StepResult:
-        """The device's part: the forward and the sampling. ``previous_tokens``: the row tokens of
-        the step before (``StepResult.row_tokens``) when this one reads pending tokens from it."""
+    def launch(self, step: PreparedStep, previous_tokens: torch.Tensor | None = None) -> LaunchedRun:
+        """The device's part: the forward and the sampling, without waiting for the device where
+        the rows allow (plain greedy: the pick stays on the device). ``previous_tokens``: [S'] the
+        step before's ``LaunchedRun.tokens``, when this one reads pending tokens from it."""
         inputs, rows = step.inputs, step.rows
         if inputs.previous_rows:
             assert previous_tokens is not None, "the step reads tokens of a step that has no results"
-            taken = torch.tensor([previous_tokens[j] for j in inputs.previous_index], dtype=torch.int64)
-            inputs.input_ids[torch.tensor(inputs.previous_rows, device=self.device)] = taken.to(self.device)
+            at = torch.tensor(inputs.previous_index, dtype=torch.int64, device=previous_tokens.device)
+            rows_at = torch.tensor(inputs.previous_rows, dtype=torch.int64, device=self.device)
+            inputs.input_ids[rows_at] = previous_tokens[at].to(self.device)
         attention = self.attention.bind(inputs.attention)
         if self.fault_hook is not None:
             self.fault_hook("forward", None)
         hidden = self.backend.forward(self.model, inputs.input_ids, inputs.positions, attention)
-        prompt = {p.request: self._score_prompt(hidden, p) for p in inputs.prompt_rows}
-        result = StepResult([None] * step.num_scheduled, prompt)
-        plain = step.plain_greedy if step.plain_greedy is not None else plain_greedy(rows)
-        self._sample(hidden, inputs, rows, result, plain)
-        return result
-
-    def _sample(
-        self, hidden: torch.Tensor, inputs: StepInputs, rows: Sequence[SamplingRow], result: StepResult,
-        plain: bool,
-    ) -> None:
-        results, failed = result.sampled, result.failed
+        run = LaunchedRun(step, {p.request: self._score_prompt(hidden, p) for p in inputs.prompt_rows})
         if not inputs.sampling_requests:
-            return
+            run.ready = self.backend.step_launched()
+            return run
         logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] float32
         if self.fault_hook is not None:
             self.fault_hook("logits", logits)
+        plain = step.plain_greedy if step.plain_greedy is not None else plain_greedy(rows)
         # plain greedy rows: every argmax and the finiteness check in one pass, where the backend can
         picked = self.backend.greedy_pick(logits) if plain else None
+        if picked is None and drawn_on_device(rows, logits.shape[1]):
+            # a row holding NaN or inf is drawn like the others and fails when collected
+            picked = sample_on_device(logits, rows), torch.isfinite(logits.sum(dim=-1))
         if picked is not None:
-            finite = None if bool(picked[1].all()) else picked[1].tolist()
-        else:
-            finite = _finite_rows(logits)
+            run.tokens, run.finite = picked
+            if run.tokens.is_cuda:  # to the host behind the step's event: collecting waits for this step only
+                run.host = torch.empty((2, run.tokens.shape[0]), dtype=torch.int64, pin_memory=True)
+                run.host[0].copy_(run.tokens, non_blocking=True)
+                run.host[1].copy_(run.finite, non_blocking=True)
+            run.ready = self.backend.step_launched()
+            return run
+        finite = _finite_rows(logits)
         bad = [j for j, ok in enumerate(finite) if not ok] if finite is not None else []  # NaN or inf: not sampled
         for j in bad:
-            failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
-        if picked is not None:
-            out = SamplerOutput(token_ids=picked[0].tolist(), logprobs=None, top_logprobs=None)
-        else:
-            if bad:
-                logits[bad] = 0.0  # sampled below like any row; the result is discarded
-            out = self.sampler(logits, rows)
+            run.failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
+        if bad:
+            logits[bad] = 0.0  # sampled below like any row; the result is discarded
+        run.out = self.sampler(logits, rows)
+        run.tokens = torch.tensor(run.out.token_ids, dtype=torch.int64, device=logits.device)
+        run.ready = self.backend.step_launched()
+        return run
+
+    def collect(self, run: LaunchedRun) -> StepResult:
+        """The step's results on the host (waits for the device where the step left them there)."""
+        step, inputs, rows = run.step, run.step.inputs, run.step.rows
+        result = StepResult([None] * step.num_scheduled, run.prompt, run.failed)
+        if run.ready is not None:
+            run.ready.synchronize()
+        if not inputs.sampling_requests:
+            return result
+        out = run.out
+        if out is None:  # tokens chosen on the device
+            assert run.tokens is not None and run.finite is not None
+            if run.host is not None:
+                token_ids, finite_rows = run.host.tolist()
+                finite = None if all(finite_rows) else [bool(f) for f in finite_rows]
+            else:
+                finite = None if bool(run.finite.all()) else run.finite.tolist()
+                token_ids = run.tokens.tolist()
+            for j, ok in enumerate(finite or ()):
+                if not ok:  # NaN or inf: not sampled
+                    result.failed[inputs.sampling_requests[j]] = "the model produced non-finite logits (NaN or inf)"
+            out = SamplerOutput(token_ids=token_ids, logprobs=None, top_logprobs=None)
+        self._results(out, inputs, rows, result)
+        return result
+
+    @staticmethod
+    def _results(out: SamplerOutput, inputs: StepInputs, rows: Sequence[SamplingRow], result: StepResult) -> None:
+        """The sampled tokens (and logprobs) into ``result``, per scheduled request and per draft row."""
+        results, failed = result.sampled, result.failed
         if not failed and out.logprobs is None and len(out.token_ids) == len(set(inputs.sampling_requests)):
             # no failed row, no logprobs, no draft rows: one token per request
             result.row_tokens.extend(out.token_ids)

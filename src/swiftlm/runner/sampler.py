@@ -136,6 +136,37 @@ def plain_greedy(rows: Sequence[SamplingRow]) -> bool:
     )
 
 
+def drawn_on_device(rows: Sequence[SamplingRow], vocab: int) -> bool:
+    """Whether ``sample_on_device`` can choose every row: greedy, or temperature (and min-p) alone,
+    unseeded, with nothing that bans, forces, biases, penalises, constrains or reports."""
+    return all(
+        r.forced_token_id is None and r.grammar is None and not r.params.logit_bias and not r.banned_token_ids
+        and not _has_penalty(r) and r.params.logprobs is None
+        and (r.params.greedy or (r.generator is None and not 0 < r.params.top_k < vocab and r.params.top_p >= 1.0))
+        for r in rows
+    )
+
+
+def sample_on_device(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """[B] the tokens ``Sampler`` chooses for rows that ``drawn_on_device`` allows, the same draws
+    from the same generator state, without reading anything back from the device: a GPU can take
+    the next step before this one's tokens reach the host."""
+    x = logits.float()  # [B, V]
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    if len(greedy) == len(rows):
+        return x.max(dim=-1).indices
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    tokens = torch.empty(len(rows), dtype=torch.long, device=x.device)  # [B]
+    if greedy:
+        tokens[torch.tensor(greedy, device=x.device)] = _rows_of(x, greedy).max(dim=-1).indices
+    sub = [rows[i] for i in sampled]
+    values = _rows_of(x, sampled) / _column([r.params.temperature for r in sub], x)  # [S, V]
+    _apply_min_p(values, sub)
+    wait = x.device.type == "cpu"  # a CPU's values are on the host already: the check costs nothing there
+    tokens[torch.tensor(sampled, device=x.device)] = _draw(values, sub, wait=wait)
+    return tokens
+
+
 def _enforce_grammars(
     x: torch.Tensor, rows: Sequence[SamplingRow], checked: Sequence[int], token_ids: list[int]
 ) -> None:
@@ -475,13 +506,15 @@ def _draw_uniform(out: torch.Tensor, generator: torch.Generator | None) -> None:
         out.copy_(torch.empty(out.shape, dtype=out.dtype).uniform_(generator=generator))
 
 
-def _draw(values: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def _draw(values: torch.Tensor, rows: Sequence[SamplingRow], wait: bool = True) -> torch.Tensor:
     """One draw per row by inverse transform: column c of ``values`` [R, W] (unnormalised
     log-probabilities, -inf for columns out of the running) with probability p_c. Each row takes one
     uniform u (from its own generator when seeded) and the first column whose cumulative mass, in
     column order, exceeds u times the row's total: one exp and one cumulative sum over the row, and
     one random number, where a race of exponentials needs a random number and two logarithms per
-    column. A row with no finite value picks column 0. Modifies ``values``; returns [R]."""
+    column. A row with no finite value picks column 0. ``wait=False``: the rare rounding case is
+    resolved without reading anything back from the device (a pass more, always). Modifies
+    ``values``; returns [R]."""
     n, width = values.shape
     top = values.amax(dim=-1, keepdim=True)  # [R, 1]
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row of -inf: no NaN below
@@ -496,7 +529,7 @@ def _draw(values: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
                 row.on_draw()
     total = cdf[:, -1:]  # [R, 1]
     chosen = torch.searchsorted(cdf, uniform * total, right=True).squeeze(1)  # [R]: first column with cdf > u * total
-    if bool((chosen >= width).any()):  # u * total rounded up to the total: the last column with mass
+    if not wait or bool((chosen >= width).any()):  # u * total rounded up to the total: the last column with mass
         last = width - 1 - (cdf.diff(dim=-1, prepend=torch.zeros_like(total)) > 0).flip(-1).int().argmax(dim=-1)
         last = torch.where(total.squeeze(1) > 0, last, torch.zeros_like(last))
         chosen = torch.where(chosen < width, chosen, last)

@@ -96,6 +96,13 @@ class CudaBackend(Backend):
             return None
         return self.step_plan.ops.greedy_pick(logits)
 
+    def step_launched(self) -> torch.cuda.Event | None:
+        if not self.device.startswith("cuda"):  # the Triton interpreter on a CPU: done when launched
+            return None
+        event = torch.cuda.Event()
+        event.record()  # on the current stream, after the step's kernels and its tokens' copy to the host
+        return event
+
     def allocate_kv_cache(
         self, model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, fmt: KVFormat | None = None
     ) -> KVCache:
