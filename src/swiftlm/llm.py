@@ -21,6 +21,7 @@ from swiftlm.config import (
 from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
+from swiftlm.frontend.output_processor import OutputProcessor
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.reasoning import split_reasoning
 from swiftlm.text.session_prompt import SessionPrompts
@@ -128,6 +129,7 @@ class LLM:
         self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs), backend)
         self.tokenizer = self.engine.tokenizer
         self._session_prompts = SessionPrompts(self.tokenizer, self.engine.session_tokens)
+        self._outputs = OutputProcessor(self.tokenizer)  # the engine's token ids -> text
         self._ids = count()
 
     def default_sampling_params(self) -> SamplingParams:
@@ -150,7 +152,7 @@ class LLM:
         ids = []
         for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
             request = self._request(prompt, params, session_ids[i] if session_ids else None, stream=False)
-            self.engine.add_request(request)
+            self._add(request)
             ids.append(request.request_id)
         return self._run(ids, use_tqdm if use_tqdm is not None else len(ids) >= _PROGRESS_MIN)
 
@@ -203,16 +205,17 @@ class LLM:
         params = sampling_params or self.default_sampling_params()
         request = self._request(prompt, params, session_id, stream=True)
         rid = request.request_id
-        self.engine.add_request(request)
+        self._add(request)
         try:
             while True:
-                for out in self.engine.step():
+                for out in self._step():
                     if out.request_id == rid:
                         yield out
                         if out.finished:
                             return
         finally:
             self.engine.abort(rid)  # no-op once finished; frees the blocks if the caller stops early
+            self._outputs.forget(rid)
 
     def chat_prompt(
         self,
@@ -257,6 +260,18 @@ class LLM:
             final_only=not stream,  # generate() reads each request once, at its end
         )
 
+    def _add(self, request: GenerationRequest) -> None:
+        self.engine.add_request(request)
+        self._outputs.add(request)
+
+    def _step(self) -> list[RequestOutput]:
+        """One engine step, read as text; sequences a stop string ended are stopped in the engine
+        before the next step is scheduled (as the engine itself did when it matched them)."""
+        outputs, stops = self._outputs.process(self.engine.step())
+        for stop in stops:
+            self.engine.stop_sequence(stop)
+        return outputs
+
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
@@ -271,7 +286,7 @@ class LLM:
         bar = tqdm(total=len(request_ids), desc="generate", disable=not show_progress)
         pending = set(request_ids)
         while pending:
-            for out in self.engine.step():
+            for out in self._step():
                 if out.request_id not in merged:
                     continue
                 seqs = merged[out.request_id]

@@ -2,7 +2,7 @@
 cycle, and no kernel loader is imported outside ``backends/``.
 
     cli, cli_batch, bench, top (and the package facade)  >  server, batch, cluster, llm, plain (front ends)
-    >  engine  >  runner  >  backends, model  >  cache, text, core (and config, sampling, platform, threads)
+    >  frontend  >  engine  >  runner  >  backends, model  >  cache, text, core (and config, sampling, platform, threads)
 
 Every import counts: at module level, inside functions, and under ``TYPE_CHECKING``.
 """
@@ -20,6 +20,7 @@ ROOT = Path(swiftlm.__file__).parent
 LAYERS: list[set[str]] = [
     {"__init__", "__main__", "cli", "cli_batch", "bench", "top"},
     {"server", "batch", "cluster", "llm", "plain"},
+    {"frontend"},
     {"engine"},
     {"runner"},
     {"backends", "model"},

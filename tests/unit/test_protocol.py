@@ -15,6 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from swiftlm.engine.validation import RequestError, RequestLimits, validate_request
 from swiftlm.sampling import SamplingParams
 from swiftlm.server.errors import (
     OpenAIError,
@@ -49,7 +50,6 @@ from swiftlm.server.protocol import (
 )
 from swiftlm.server.request_mapping import (
     chat_messages,
-    check_max_tokens,
     completion_prompts,
     logit_bias_ids,
     sampling_params_from_chat,
@@ -299,7 +299,7 @@ def test_sampling_fields_reach_sampling_params() -> None:
         thinking_budget=32,
         logit_bias={"11": 5},
     )
-    params = sampling_params_from_chat(req, 64, {}, vocab_size=100)
+    params = sampling_params_from_chat(req, 64, {})
     assert params == SamplingParams(
         n=2,
         seed=3,
@@ -333,21 +333,25 @@ def test_user_errors_from_mapping_are_400s() -> None:
     assert (info.value.status, info.value.param) == (400, "n")
     with pytest.raises(OpenAIError, match="min_tokens 9 must not exceed max_tokens 8"):
         sampling_params_from_chat(chat(min_tokens=9), 8, {})
-    with pytest.raises(OpenAIError, match="stop_token_ids contains token id 100"):
-        sampling_params_from_chat(chat(stop_token_ids=[100]), 8, {}, vocab_size=100)
+    limits = RequestLimits(vocab_size=100, max_model_len=64, block_size=16, num_usable_blocks=100)
+    with pytest.raises(RequestError, match="stop_token_ids contains token id 100") as refused:
+        validate_request([1], sampling_params_from_chat(chat(stop_token_ids=[100]), 8, {}), limits)
+    assert refused.value.param == "stop_token_ids"
 
 
 def test_logit_bias_keys() -> None:
-    assert logit_bias_ids({"0": -100, "151935": 2.5}, 151936) == {0: -100.0, 151935: 2.5}
-    assert logit_bias_ids(None, 10) == {}
+    assert logit_bias_ids({"0": -100, "151935": 2.5}) == {0: -100.0, 151935: 2.5}
+    assert logit_bias_ids(None) == {}
     for key in ("abc", "-1", "1.5", " 3", "", "٣"):
         with pytest.raises(OpenAIError, match="is not a token id") as info:
-            logit_bias_ids({key: 1.0}, 10)
+            logit_bias_ids({key: 1.0})
         assert (info.value.status, info.value.param) == (400, "logit_bias")
-    with pytest.raises(OpenAIError, match="outside the vocabulary; token ids run from 0 to 9"):
-        logit_bias_ids({"10": 1.0}, 10)
+    limits = RequestLimits(vocab_size=10, max_model_len=64, block_size=16, num_usable_blocks=100)
+    with pytest.raises(RequestError, match="outside the vocabulary; token ids run from 0 to 9") as refused:
+        validate_request([1], SamplingParams(logit_bias=logit_bias_ids({"10": 1.0})), limits)
+    assert refused.value.param == "logit_bias"
     with pytest.raises(OpenAIError, match="'abc'"):
-        sampling_params_from_chat(chat(logit_bias={"abc": 1}), 8, {}, vocab_size=10)
+        sampling_params_from_chat(chat(logit_bias={"abc": 1}), 8, {})
 
 
 def test_thinking_fields_of_a_request() -> None:
@@ -410,8 +414,8 @@ def test_template_tools_and_tool_choice_none() -> None:
 
 
 def test_completion_prompts_and_context_check() -> None:
-    def prompts(prompt: Any, vocab_size: int | None = None) -> list[Any]:
-        return completion_prompts(CompletionRequest.model_validate({"prompt": prompt}), vocab_size)
+    def prompts(prompt: Any) -> list[Any]:
+        return completion_prompts(CompletionRequest.model_validate({"prompt": prompt}))
 
     assert prompts("x") == ["x"]
     assert prompts(["x", "y"]) == ["x", "y"]
@@ -419,15 +423,18 @@ def test_completion_prompts_and_context_check() -> None:
     assert prompts([[1], [2, 3]]) == [[1], [2, 3]]
     with pytest.raises(OpenAIError, match="prompt 1 is empty"):
         prompts(["x", ""])
-    with pytest.raises(OpenAIError, match="outside the vocabulary"):
-        prompts([1, 50], vocab_size=10)
-    assert check_max_tokens(None, 100, 4096) == 3996
-    assert check_max_tokens(10, 100, 4096) == 10
-    with pytest.raises(OpenAIError, match="max_tokens 5000 exceeds the context window of 4096") as info:
-        check_max_tokens(5000, 100, 4096)
-    assert info.value.code == "context_length_exceeded"
-    with pytest.raises(OpenAIError, match="fills the context window"):
-        check_max_tokens(None, 4096, 4096)
+    # the context and vocabulary checks are the engine's one validation (``validate_request``)
+    limits = RequestLimits(vocab_size=10, max_model_len=4096, block_size=16, num_usable_blocks=1000)
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        validate_request(prompts([1, 50])[0], SamplingParams(), limits)
+    validate_request([1] * 100, SamplingParams(max_tokens=None), limits)
+    validate_request([1] * 100, SamplingParams(max_tokens=10), limits)
+    with pytest.raises(RequestError, match="max_tokens 5000 exceeds the context window of 4096") as info:
+        validate_request([1] * 100, SamplingParams(max_tokens=5000), limits)
+    assert (info.value.code, info.value.param) == ("context_length_exceeded", "max_tokens")
+    with pytest.raises(RequestError, match="fills the context window") as info:
+        validate_request([1] * 4096, SamplingParams(max_tokens=None), limits)
+    assert (info.value.code, info.value.param) == ("context_length_exceeded", "prompt")
 
 
 # ---------------------------------------------------------------- serialisation
@@ -540,7 +547,11 @@ def make_app() -> FastAPI:
             raise RuntimeError("boom")
         if req.user == "stranger":
             raise unauthorized()
-        params = sampling_params_from_chat(req, 100, QWEN3_GENERATION, vocab_size=151936)
+        params = sampling_params_from_chat(req, 100, QWEN3_GENERATION)
+        try:  # the server's one validation, as ``ServerState.validate`` runs it
+            validate_request([1], params, RequestLimits(151936, 4096, 16, 1000))
+        except RequestError as exc:
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from exc
         if req.stream:
             return _chat_stream(req)
         message = ChatCompletionMessage(content="Hello", reasoning_content="thought" if req.return_reasoning else None)

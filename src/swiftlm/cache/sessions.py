@@ -129,6 +129,21 @@ class SessionStore:
         while self.num_tokens > self.max_tokens and self._sessions:
             self.release_oldest()
 
+    def trim(self, session_id: str, token_ids: Sequence[int]) -> None:
+        """Cut a session back to ``token_ids`` when its stream extends them (a turn the front end
+        ended on a stop string after the engine had run past it): the tokens and KV after them go.
+        A session holding any other stream is left alone."""
+        session = self._sessions.get(session_id)
+        n = len(token_ids)
+        if session is None or len(session.token_ids) <= n or session.token_ids[:n] != list(token_ids):
+            return
+        num_computed = min(session.num_computed, n - 1)
+        n_blocks = (num_computed + self.block_size - 1) // self.block_size
+        self.pool.free(reversed(session.block_ids[n_blocks:]))
+        # a new Session, not an edit: readers on other threads hold the old token list
+        self._sessions[session_id] = Session(session_id, list(token_ids), session.block_ids[:n_blocks], num_computed,
+                                             session.last_used)
+
     def close(self, session_id: str) -> bool:
         session = self._sessions.pop(session_id, None)
         if session is None:

@@ -51,3 +51,18 @@ class RequestOutput:
     # token id -> logprob holding the prompt token's and the k most likely tokens' at that position.
     # Sent once, in the first output after the whole prompt is computed (None in the others).
     prompt_logprobs: list[dict[int, float] | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceStop:
+    """A sequence the output processor ended on a stop string, for the engine to end too
+    (``Engine.stop_sequence``): at ``num_output_tokens`` tokens, the KV of later ones dropped. When
+    the engine ended it already, a session it left is trimmed to ``token_ids`` (the prompt and the
+    tokens kept; empty without a session), so the next turn extends what the client saw."""
+
+    request_id: str
+    index: int
+    num_output_tokens: int
+    stop_reason: str | None
+    session_id: str | None = None
+    token_ids: tuple[int, ...] = ()

@@ -4,6 +4,11 @@ Only the loop thread touches the Engine. Other threads talk to it through a comm
 (submit, abort, close a session) and get outputs back through one asyncio.Queue per request,
 filled with ``loop.call_soon_threadsafe``. Validation and the queue-length check run in the
 caller's thread, so a bad or refused request fails at once, before any response is started.
+
+The loop thread only steps the engine: its outputs are token ids. The front end turns them into
+text as they are read (``swiftlm.frontend.text_stream``), in the reader's thread; a stop string it
+finds there ends the sequence in the engine (``stop_sequences``, awaited) before the finished output
+is read, so a session's next turn always finds the stream the client saw.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from swiftlm.core.generation import GenerationRequest
-from swiftlm.core.outputs import RequestOutput
+from swiftlm.core.outputs import RequestOutput, SequenceStop
 from swiftlm.engine.engine import Engine
 from swiftlm.engine.scheduler import QueueFullError
 
@@ -45,8 +50,9 @@ class RequestStream:
 
     def __init__(self, engine: AsyncEngine, request_id: str, channel: _Channel) -> None:
         self.request_id = request_id
-        self._engine = engine
+        self.engine = engine
         self._channel = channel
+        self._settled = False  # the caller ended the request in the engine itself (``settle``)
         self._observers: list[Callable[[RequestOutput], None]] = []
 
     def observe(self, fn: Callable[[RequestOutput], None]) -> None:
@@ -68,8 +74,13 @@ class RequestStream:
                 if finished:
                     return
         finally:
-            if not finished:
-                self._engine.abort(self.request_id)
+            if not finished and not self._settled:
+                self.engine.abort(self.request_id)
+
+    def settle(self) -> None:
+        """The caller has ended the request in the engine (``AsyncEngine.stop_sequences``): leaving
+        the iteration now does not abort it."""
+        self._settled = True
 
     async def final(self) -> RequestOutput:
         """Wait for the finished output (with ``final_only`` it is the only one)."""
@@ -105,7 +116,7 @@ class AsyncEngine:
         """Requests accepted but not yet admitted to the running batch."""
         return self._pending_adds + len(self.engine.scheduler.waiting)
 
-    def submit(self, request: GenerationRequest) -> RequestStream:
+    def submit(self, request: GenerationRequest, validated: bool = False) -> RequestStream:
         """Queue a request; iterate the returned stream (in the calling event loop) for its
         output deltas, the last one with ``finished``. With ``request.final_only`` just the
         finished output is sent (no per-token wake-ups for callers that wait for the whole answer).
@@ -115,7 +126,8 @@ class AsyncEngine:
         """
         if not self._accepting or not self.is_running:
             raise EngineDeadError("the engine is shutting down")
-        self.engine.validate(request.prompt_token_ids, request.sampling_params)
+        if not validated:  # the front end that checked it (``Engine.validate``) says so
+            self.engine.validate(request.prompt_token_ids, request.sampling_params)
         limit = self.engine.config.scheduler.max_queued_requests
         counted = not request.background  # Batch API lines wait in their own queue, outside the limit
         with self._count_lock:
@@ -153,6 +165,23 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._channels.pop(request_id, None)
         self._submit(lambda: self.engine.abort(request_id))
+
+    async def stop_sequences(self, stops: list[SequenceStop]) -> None:
+        """End sequences a stop string ended (``Engine.stop_sequence``), on the loop thread, and
+        return once it is done."""
+        future: Future[None] = Future()
+
+        def stop() -> None:
+            try:
+                for s in stops:
+                    if self.engine.stop_sequence(s):
+                        self._channels.pop(s.request_id, None)  # the engine has no more to say of it
+                future.set_result(None)
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._submit(stop)
+        await asyncio.wrap_future(future)
 
     async def close_session(self, session_id: str) -> bool:
         future: Future[bool] = Future()

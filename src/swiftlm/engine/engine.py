@@ -1,4 +1,7 @@
-"""Engine: the step loop. schedule -> execute -> update (append, stop checks, free, emit deltas)."""
+"""Engine: the step loop. schedule -> execute -> update (append, stop checks, free, emit deltas).
+
+The engine's outputs are token ids: text (detokenising, stop strings) is the front end's
+(``swiftlm.frontend.output_processor``), on the caller's side of the engine loop."""
 
 from __future__ import annotations
 
@@ -17,47 +20,31 @@ from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.core.generation import GenerationRequest
-from swiftlm.core.outputs import CompletionOutput, RequestOutput
+from swiftlm.core.outputs import CompletionOutput, RequestOutput, SequenceStop
 from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
+from swiftlm.engine.validation import RequestError, RequestLimits, validate_request
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
 from swiftlm.runner.runner import LaunchedRun, ModelRunner, SampledToken
 from swiftlm.runner.sampler import SamplingRow
 from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
-from swiftlm.text.detokenizer import IncrementalDetokenizer
-from swiftlm.text.stop import StopStringMatcher
 
 logger = logging.getLogger(__name__)
 
 
-class RequestError(ValueError):
-    """A request the engine refuses as given (the server answers 400)."""
-
-
 @dataclass(slots=True)
 class _Stream:
-    """Per-sequence output state: text so far and what has not been emitted yet."""
+    """Per-sequence output state: the tokens (and their logprobs) not reported yet."""
 
     request: Request
     parent_id: str
-    detokenizer: IncrementalDetokenizer
-    stops: StopStringMatcher | None
-    text: str = ""
-    new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
     final_only: bool = False  # the request is reported once, at its end
-    deferred: list[int] = field(default_factory=list)  # tokens not detokenised yet (``defer_text``)
-
-    @property
-    def defer_text(self) -> bool:
-        """Reported once at its end, with no stop strings to match: the tokens are detokenised once,
-        when the request is emitted, not one window decode a token."""
-        return self.final_only and self.stops is None
 
 
 @dataclass(slots=True)
@@ -151,6 +138,8 @@ class Engine:
             num_blocks, cache.block_size, cache.enable_prefix_caching, cache.session_ttl, cache.max_session_tokens
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.limits = RequestLimits(mcfg.vocab_size, self.max_model_len, cache.block_size,
+                                    self.kv.pool.num_usable_blocks, speculative=config.speculative is not None)
         self.speculator = Speculator(config.speculative, self.max_model_len) if config.speculative else None
         self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
         # overlapped steps: one step in flight on the device thread while the host prepares the next
@@ -244,15 +233,16 @@ class Engine:
                 for added in children[:k]:
                     self.scheduler.finish(added, FinishReason.ABORT)
                 raise
+        # a whole answer with stop strings is reported token by token all the same: the front end
+        # watches its text for them and stops it (``stop_sequence``)
+        final_only = request.final_only and not params.stop
         for child in children:
-            stops = StopStringMatcher(params.stop, params.include_stop_str_in_output) if params.stop else None
-            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-            self._streams[id(child)] = _Stream(child, request_id, detok, stops, final_only=request.final_only)
+            self._streams[id(child)] = _Stream(child, request_id, final_only=final_only)
         serial = self._needs_host_tokens(params, budgeted)
         plain = self._plain_greedy(params, budgeted)
         self._serial_parents += serial
         self._other_than_greedy += not plain
-        self._parents[request_id] = _Parent(request_id, prompt, ids, children, request.final_only,
+        self._parents[request_id] = _Parent(request_id, prompt, ids, children, final_only,
                                             needs_host_tokens=serial, plain_greedy=plain)
 
     @staticmethod
@@ -274,36 +264,9 @@ class Engine:
                 or params.frequency_penalty != 0.0)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise RequestError if the request can never run here. Reads only fixed state."""
-        if not ids:
-            raise RequestError("the prompt is empty")
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt token id {bad} is outside the vocabulary of {vocab}")
-        if len(ids) >= self.max_model_len:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens; the context window is {self.max_model_len} tokens "
-                "and at least one must be left to generate"
-            )
-        room = self.max_model_len - len(ids)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise RequestError(
-                f"max_tokens {params.max_tokens} exceeds the context window of {self.max_model_len} "
-                f"minus the prompt's {len(ids)} tokens"
-            )
-        need = -(-(len(ids) + (room if params.max_tokens is None else params.max_tokens)) // self.kv.block_size)
-        if need > self.kv.pool.num_usable_blocks:
-            raise RequestError(
-                f"the prompt and max_tokens need {need} KV blocks but the cache has only "
-                f"{self.kv.pool.num_usable_blocks}; lower max_tokens or give the KV cache more memory"
-            )
-        for tid in (*params.logit_bias, *params.stop_token_ids):
-            if not 0 <= tid < vocab:
-                raise RequestError(f"token id {tid} is outside the vocabulary of {vocab}")
-        if params.num_speculative_tokens and self.speculator is None:
-            raise RequestError("num_speculative_tokens: speculative decoding is off in this engine (start it with "
-                               "--speculative-config, or LLM(speculative_config=...))")
+        """Raise RequestError if the request can never run here (``validate_request``). Reads only
+        fixed state: any thread may call it."""
+        validate_request(ids, params, self.limits)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request at once and free its blocks. Returns its final output, if it existed."""
@@ -314,6 +277,40 @@ class Engine:
         for child in parent.children:
             self.scheduler.finish(child, FinishReason.ABORT)
         return self._emit(parent, parent.children)
+
+    def stop_sequence(self, stop: SequenceStop) -> bool:
+        """End a sequence the front end saw a stop string in, at ``stop.num_output_tokens`` tokens:
+        the tokens after them and their KV are dropped, so a session keeps what the client saw. If
+        the sequence had ended already (its EOS or length came first), the session it left is
+        trimmed instead. Returns whether the request has left the engine (nothing more to report)."""
+        parent = self._parents.get(stop.request_id)
+        child = parent.children[stop.index] if parent is not None else None
+        if child is not None and not child.is_finished:
+            self.scheduler.finish(child, FinishReason.STOP)  # steps in flight are rolled back here
+            self._keep_output(child, stop.num_output_tokens)
+            child.stop_reason = stop.stop_reason
+        elif stop.session_id is not None:
+            self.kv.sessions.trim(stop.session_id, stop.token_ids)
+        if parent is None:
+            return True
+        if all(c.is_finished for c in parent.children):
+            self._forget(parent)
+            return True
+        return False
+
+    def _keep_output(self, request: Request, num_output_tokens: int) -> None:
+        """Cut a just-finished request's output to its first ``num_output_tokens`` tokens, and the
+        session its blocks went to: KV computed for later tokens is not kept (a whole block of it
+        may stay in the prefix cache under its own tokens, which is right, and is never written
+        to again: a session does not reuse a keyed block partly)."""
+        extra = request.num_output_tokens - num_output_tokens
+        if extra <= 0:
+            return
+        del request.output_token_ids[num_output_tokens:]
+        del request.all_token_ids[len(request.all_token_ids) - extra:]
+        request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
+        if request.session_id is not None:
+            self.kv.sessions.trim(request.session_id, request.all_token_ids)
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every request with an error (after an unexpected failure) and report them."""
@@ -589,20 +586,6 @@ class Engine:
             request.stop_reason = token
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
-        if stream.stops is None and stream.final_only:  # stream.defer_text
-            stream.deferred.append(token)
-            delta = ""
-        else:
-            delta = stream.detokenizer.add(token)
-        if stream.stops is not None:
-            delta, stopped = stream.stops.feed(delta)
-            if stopped:
-                stream.new_text += delta
-                request.stop_reason = stream.stops.matched_stop
-                self.scheduler.finish(request, FinishReason.STOP, now)
-                return
-        if delta:
-            stream.new_text += delta
         if constrained and request.grammar.done:  # the grammar is complete (or refused the token)
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
@@ -629,32 +612,14 @@ class Engine:
             outputs.append(self._emit(parent, children))
         return outputs
 
-    @staticmethod
-    def _final_text(stream: _Stream) -> str:
-        """What the detokenizer and the stop matcher still hold when a sequence ends."""
-        stops = stream.stops
-        if stops is not None and stops.stopped:
-            return ""  # cut at the stop string: nothing after it is emitted
-        tail = stream.detokenizer.flush()
-        if stops is None:
-            return tail
-        tail = stops.feed(tail)[0]
-        return tail if stops.stopped else tail + stops.flush()
-
     def _emit(self, parent: _Parent, children: list[Request]) -> RequestOutput:
         completions = []
         for child in children:
             stream = self._streams[id(child)]
-            if stream.deferred:  # the text these tokens finalise, as token-by-token decoding gives it
-                stream.new_text += stream.detokenizer.add_tokens(stream.deferred)
-                stream.deferred = []
-            if child.is_finished and child.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-                stream.new_text += self._final_text(stream)
-            stream.text += stream.new_text
             completions.append(
                 CompletionOutput(
                     index=child.index,
-                    text=stream.new_text,
+                    text="",
                     token_ids=stream.new_token_ids,
                     cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
                     logprobs=stream.new_logprobs if child.sampling_params.logprobs is not None else None,
@@ -662,7 +627,7 @@ class Engine:
                     stop_reason=child.stop_reason,
                 )
             )
-            stream.new_text, stream.new_token_ids, stream.new_logprobs = "", [], []
+            stream.new_token_ids, stream.new_logprobs = [], []
         finished = all(c.is_finished for c in parent.children)
         lead = parent.children[0]
         prompt_logprobs = None
@@ -670,11 +635,7 @@ class Engine:
             prompt_logprobs, parent.prompt_logprobs_sent = lead.prompt_logprobs, True
         error = next((c.error for c in children if c.error), None)
         if finished:
-            del self._parents[parent.request_id]
-            self._serial_parents -= parent.needs_host_tokens
-            self._other_than_greedy -= not parent.plain_greedy
-            for c in parent.children:
-                self._streams.pop(id(c), None)
+            self._forget(parent)
         return RequestOutput(
             request_id=parent.request_id,
             prompt=parent.prompt,
@@ -686,3 +647,11 @@ class Engine:
             error=error,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _forget(self, parent: _Parent) -> None:
+        """A request whose sequences have all finished leaves the engine."""
+        del self._parents[parent.request_id]
+        self._serial_parents -= parent.needs_host_tokens
+        self._other_than_greedy -= not parent.plain_greedy
+        for c in parent.children:
+            self._streams.pop(id(c), None)

@@ -71,7 +71,6 @@ def sampling_params_from_chat(
     default_max_tokens: int | None,
     generation_defaults: Mapping[str, Any] | None,
     *,
-    vocab_size: int | None = None,
     max_n: int = DEFAULT_MAX_N,
 ) -> SamplingParams:
     """SamplingParams for a chat request. ``logprobs: true`` gives ``top_logprobs`` (or 0) top
@@ -82,7 +81,6 @@ def sampling_params_from_chat(
         chat_max_tokens(req, default_max_tokens),
         logprobs,
         generation_defaults,
-        vocab_size,
         max_n,
         thinking_budget=resolve_thinking_budget(req.thinking_budget, req.reasoning_effort),
         prompt_logprobs=req.prompt_logprobs,
@@ -94,7 +92,6 @@ def sampling_params_from_completion(
     default_max_tokens: int | None,
     generation_defaults: Mapping[str, Any] | None,
     *,
-    vocab_size: int | None = None,
     max_n: int = DEFAULT_MAX_N,
 ) -> SamplingParams:
     """SamplingParams for a legacy completion request (``logprobs`` is already a count). The
@@ -103,7 +100,7 @@ def sampling_params_from_completion(
     max_tokens = completion_max_tokens(req, default_max_tokens)
     wanted = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
     return _sampling_params(
-        req, max_tokens, req.logprobs, generation_defaults, vocab_size, max_n,
+        req, max_tokens, req.logprobs, generation_defaults, max_n,
         prompt_logprobs=max(wanted) if wanted else None,
     )
 
@@ -113,7 +110,6 @@ def _sampling_params(
     max_tokens: int | None,
     logprobs: int | None,
     generation_defaults: Mapping[str, Any] | None,
-    vocab_size: int | None,
     max_n: int,
     thinking_budget: int | None = None,
     prompt_logprobs: int | None = None,
@@ -131,14 +127,14 @@ def _sampling_params(
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
             stop=tuple(s for s in req.stop if s),
-            stop_token_ids=tuple(check_token_ids(req.stop_token_ids, vocab_size, "stop_token_ids")),
+            stop_token_ids=tuple(req.stop_token_ids),  # checked against the vocabulary with the rest (``validate``)
             include_stop_str_in_output=req.include_stop_str_in_output,
             ignore_eos=req.ignore_eos,
             seed=req.seed,
             logprobs=logprobs,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            logit_bias=logit_bias_ids(req.logit_bias, vocab_size),
+            logit_bias=logit_bias_ids(req.logit_bias),
             skip_special_tokens=req.skip_special_tokens,
             thinking_budget=thinking_budget,
             prompt_logprobs=prompt_logprobs,
@@ -150,8 +146,9 @@ def _sampling_params(
         raise bad_request(str(exc)) from exc
 
 
-def logit_bias_ids(logit_bias: Mapping[str, float] | None, vocab_size: int | None) -> dict[int, float]:
-    """OpenAI's ``{"token id as a string": bias}`` as ``{token_id: bias}``, every id in the vocabulary."""
+def logit_bias_ids(logit_bias: Mapping[str, float] | None) -> dict[int, float]:
+    """OpenAI's ``{"token id as a string": bias}`` as ``{token_id: bias}`` (whether each id is in the
+    vocabulary is checked with the rest of the request, ``swiftlm.engine.validation``)."""
     out: dict[int, float] = {}
     for key, bias in (logit_bias or {}).items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
@@ -159,13 +156,7 @@ def logit_bias_ids(logit_bias: Mapping[str, float] | None, vocab_size: int | Non
                 f"logit_bias key {key!r} is not a token id; keys are token ids written as decimal strings, e.g. \"1234\"",
                 param="logit_bias",
             )
-        token_id = int(key)
-        if vocab_size is not None and token_id >= vocab_size:
-            raise bad_request(
-                f"logit_bias key {key!r} is outside the vocabulary; token ids run from 0 to {vocab_size - 1}",
-                param="logit_bias",
-            )
-        out[token_id] = float(bias)
+        out[int(key)] = float(bias)
     return out
 
 
@@ -194,30 +185,6 @@ def check_prompt_chars(texts: Sequence[str], max_model_len: int, param: str) -> 
             400, f"the prompt has {chars} characters, more than the context window of {max_model_len} tokens can "
                  "hold; shorten it", param=param, code="context_length_exceeded",
         )
-
-
-def check_max_tokens(max_tokens: int | None, prompt_tokens: int, max_model_len: int) -> int:
-    """The number of tokens the request may generate: ``max_tokens`` if it fits in the context
-    window after the prompt, the remaining room if ``max_tokens`` is None; else a 400."""
-    room = max_model_len - prompt_tokens
-    if room <= 0:
-        raise OpenAIError(
-            400,
-            f"the prompt has {prompt_tokens} tokens, which fills the context window of {max_model_len}; shorten it",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    if max_tokens is None:
-        return room
-    if max_tokens > room:
-        raise OpenAIError(
-            400,
-            f"max_tokens {max_tokens} exceeds the context window of {max_model_len} minus the prompt's "
-            f"{prompt_tokens} tokens; ask for at most {room}",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    return max_tokens
 
 
 # ---------------------------------------------------------------- chat template inputs
@@ -306,8 +273,9 @@ def template_kwargs(
 # ---------------------------------------------------------------- legacy completions
 
 
-def completion_prompts(req: CompletionRequest, vocab_size: int | None = None) -> list[str | list[int]]:
-    """The request's prompts, one entry per prompt: text, or token ids checked against the vocabulary.
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The request's prompts, one entry per prompt: text, or token ids (checked against the vocabulary
+    with the rest of the request, ``swiftlm.engine.validation``).
     Choice ``i * n + j`` of the response is sample ``j`` of prompt ``i``."""
     prompt = req.prompt
     if isinstance(prompt, str):
@@ -320,8 +288,6 @@ def completion_prompts(req: CompletionRequest, vocab_size: int | None = None) ->
         if len(p) == 0:
             which = "the prompt" if len(prompts) == 1 else f"prompt {i}"
             raise bad_request(f"{which} is empty; send at least one token of text", param="prompt")
-        if not isinstance(p, str):
-            check_token_ids(p, vocab_size, "prompt")
     return prompts
 
 

@@ -9,9 +9,11 @@ from fastapi import Request
 
 from swiftlm.config import ServerConfig
 from swiftlm.core.generation import GenerationRequest
-from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.frontend.output_processor import RequestText
+from swiftlm.frontend.text_stream import TextStream
 from swiftlm.server.auth import Caller, KeyRing
 from swiftlm.server.batch_api import BatchApi, default_storage_dir
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
@@ -117,12 +119,23 @@ class ServerState:
             self.metrics.observe_rejected("rate_limit")
             raise
 
-    def submit(self, request: GenerationRequest, caller: Caller) -> RequestStream:
-        """Hand a request to the engine, turning refusals into HTTP errors; the tokens it
-        generates count against ``caller``'s token rate."""
+    def validate(self, request: GenerationRequest, prompt_param: str) -> None:
+        """The one check of a request against the engine (``swiftlm.engine.validation``), as the
+        400 it names; ``prompt_param``: what this API calls the prompt ("messages", "prompt")."""
+        try:
+            self.ready_engine().engine.validate(request.prompt_token_ids, request.sampling_params)
+        except RequestError as exc:
+            self.metrics.observe_rejected("bad_request")
+            param = prompt_param if exc.param == "prompt" else exc.param
+            raise bad_request(str(exc), param=param, code=exc.code) from exc
+
+    def submit(self, request: GenerationRequest, caller: Caller) -> TextStream:
+        """Hand a request checked by ``validate`` to the engine, turning refusals into HTTP errors;
+        the tokens it generates count against ``caller``'s token rate. What the engine returns is
+        read as text in the reader's thread (``TextStream``)."""
         engine = self.ready_engine()
         try:
-            stream = engine.submit(request)
+            stream = TextStream(engine.submit(request, validated=True), RequestText(request, engine.tokenizer))
         except QueueFullError as exc:
             self.metrics.observe_rejected("queue_full")
             raise too_many_requests(self.config.retry_after_s, str(exc)) from exc

@@ -26,7 +26,7 @@ from fastapi.responses import Response
 
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
-from swiftlm.engine.async_engine import RequestStream
+from swiftlm.frontend.text_stream import TextStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
 from swiftlm.server.cache_lookup import answer_from_cache, cache_use
@@ -54,7 +54,6 @@ from swiftlm.server.protocol import (
 )
 from swiftlm.server.request_mapping import (
     chat_messages,
-    check_max_tokens,
     check_prompt_chars,
     request_priority,
     sampling_params_from_chat,
@@ -110,10 +109,8 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
     room = engine.max_model_len - len(ids)
     params = sampling_params_from_chat(
-        req, max(room, 1), tokenizer.generation_defaults, vocab_size=engine.engine.model.config.vocab_size,
-        max_n=state.config.max_n,
+        req, max(room, 1), tokenizer.generation_defaults, max_n=state.config.max_n,
     )
-    check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
     if policy.constraint is not None:
         if params.structured_outputs is not None:
             raise bad_request(
@@ -128,6 +125,7 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
         thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
         priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
     )
+    state.validate(request, prompt_param="messages")
     return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy, choice.label)
 
 
@@ -207,7 +205,7 @@ def whole_answer(state: ServerState, req: ChatCompletionRequest, turn: ChatTurn,
 
 
 async def stream_chat(
-    state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, stream: RequestStream, include_usage: bool,
+    state: ServerState, req: ChatCompletionRequest, turn: ChatTurn, stream: TextStream, include_usage: bool,
     extension: dict | None = None,
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
-from swiftlm.engine.async_engine import RequestStream
+from swiftlm.frontend.text_stream import TextStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
 from swiftlm.server.cache_lookup import answer_from_cache, cache_use
@@ -38,7 +38,6 @@ from swiftlm.server.protocol import (
     new_id,
 )
 from swiftlm.server.request_mapping import (
-    check_max_tokens,
     check_prompt_chars,
     completion_prompts,
     request_priority,
@@ -59,12 +58,11 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     engine = state.ready_engine()
     state.check_model(req.model)
     tokenizer = engine.tokenizer
-    vocab = engine.engine.model.config.vocab_size
     request_id = new_id("cmpl-")
     # scoped by the caller's key, as chat's and DELETE /v1/sessions/{id}'s
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
     prepared = []
-    prompts = completion_prompts(req, vocab)
+    prompts = completion_prompts(req)
     for prompt in prompts:  # each prompt has a context window of its own
         if isinstance(prompt, str):
             check_prompt_chars([prompt], engine.max_model_len, "prompt")
@@ -72,9 +70,9 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         text, ids = (prompt, tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, list(prompt))
         room = engine.max_model_len - len(ids)
         params = sampling_params_from_completion(
-            req, max(room, 1), tokenizer.generation_defaults, vocab_size=vocab, max_n=state.config.max_n
+            req, max(room, 1), tokenizer.generation_defaults, max_n=state.config.max_n
         )
-        check_max_tokens(params.max_tokens, len(ids), engine.max_model_len)
+        state.validate(GenerationRequest(request_id, ids, params), prompt_param="prompt")
         prepared.append((text, ids, params))
     caller = request_caller(raw)
     use = cache_use(state, req, raw, "completions", prepared[0][2])
@@ -83,7 +81,7 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     if hit is not None:
         return hit
     state.admit(caller, sum(len(ids) for _, ids, _ in prepared))
-    streams: list[RequestStream] = []
+    streams: list[TextStream] = []
     try:
         for i, (text, ids, params) in enumerate(prepared):
             rid = request_id if len(prepared) == 1 else f"{request_id}-p{i}"
@@ -154,14 +152,14 @@ def _vllm_prompt_logprobs(state: ServerState, req: CompletionRequest, out: Reque
 
 
 async def _stream(
-    state: ServerState, req: CompletionRequest, request_id: str, streams: list[RequestStream], n: int, include_usage: bool,
+    state: ServerState, req: CompletionRequest, request_id: str, streams: list[TextStream], n: int, include_usage: bool,
     extension: dict | None = None,
 ) -> AsyncIterator[str]:
     tokenizer = state.engine.tokenizer
     created = int(time.time())
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-    async def pump(p: int, stream: RequestStream) -> None:
+    async def pump(p: int, stream: TextStream) -> None:
         try:
             async for out in stream:
                 await queue.put((p, out))
