@@ -21,6 +21,7 @@ from swiftlm.config import (
 from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
+from swiftlm.frontend.input_processor import InputProcessor
 from swiftlm.frontend.output_processor import OutputProcessor
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.reasoning import split_reasoning
@@ -129,6 +130,7 @@ class LLM:
         self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs), backend)
         self.tokenizer = self.engine.tokenizer
         self._session_prompts = SessionPrompts(self.tokenizer, self.engine.session_tokens)
+        self.inputs = InputProcessor(self.tokenizer, self._session_prompts, self.engine.validate)
         self._outputs = OutputProcessor(self.tokenizer)  # the engine's token ids -> text
         self._ids = count()
 
@@ -170,7 +172,7 @@ class LLM:
         the whole conversation or only the new messages (appended to the session's transcript;
         see ``swiftlm.text.session_prompt``); ``close_session`` starts over."""
         if session_id is not None:
-            messages = self._session_prompts.conversation(session_id, messages)
+            messages = self.inputs.conversation(session_id, messages)
         prompt = self.chat_prompt(
             messages, chat_template_kwargs, tools, session_id, enable_thinking=enable_thinking
         )
@@ -235,9 +237,8 @@ class LLM:
             template_kwargs=chat_template_kwargs,
             can_think=self.tokenizer.think_end_id is not None,
         )
-        kwargs = {**(chat_template_kwargs or {}), "enable_thinking": thinking}
-        text, ids = self._session_prompts.prompt(session_id, messages, kwargs, tools)
-        return {"prompt": text, "prompt_token_ids": ids, "thinking": thinking}
+        rendered = self.inputs.chat(messages, thinking, chat_template_kwargs, tools, session_id)
+        return {"prompt": rendered.text, "prompt_token_ids": rendered.token_ids, "thinking": thinking}
 
     def close_session(self, session_id: str) -> bool:
         self._session_prompts.forget(session_id)
@@ -246,22 +247,19 @@ class LLM:
     def _request(
         self, prompt: Prompt, params: SamplingParams, session_id: str | None, stream: bool
     ) -> GenerationRequest:
-        """The engine request for one prompt. ``thinking`` is carried by a dict prompt (as
-        ``chat_prompt`` resolved it); a plain text or token prompt opens no reasoning section."""
+        """The engine request for one prompt, checked (``InputProcessor.request``). ``thinking`` is
+        carried by a dict prompt (as ``chat_prompt`` resolved it); a plain text or token prompt opens
+        no reasoning section."""
         text, token_ids = self._prompt_ids(prompt)
-        return GenerationRequest(
-            request_id=str(next(self._ids)),
-            prompt_token_ids=token_ids,
-            sampling_params=params,
-            prompt=text,
+        return self.inputs.request(
+            str(next(self._ids)), token_ids, params, prompt=text,
             thinking=bool(prompt.get("thinking")) if isinstance(prompt, dict) else False,
-            session_id=session_id,
-            stream=stream,
+            session_id=session_id, stream=stream,
             final_only=not stream,  # generate() reads each request once, at its end
         )
 
     def _add(self, request: GenerationRequest) -> None:
-        self.engine.add_request(request)
+        self.engine.add_request(request, validated=True)  # by ``_request``
         self._outputs.add(request)
 
     def _step(self) -> list[RequestOutput]:
@@ -273,11 +271,11 @@ class LLM:
         return outputs
 
     def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        return self.inputs.text(prompt)
 
     def _run(self, request_ids: list[str], show_progress: bool) -> list[RequestOutput]:
         finals: dict[str, RequestOutput] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fastapi import Request
 
@@ -12,8 +13,10 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
+from swiftlm.frontend.input_processor import InputProcessor
 from swiftlm.frontend.output_processor import RequestText
 from swiftlm.frontend.text_stream import TextStream
+from swiftlm.sampling import SamplingParams
 from swiftlm.server.auth import Caller, KeyRing
 from swiftlm.server.batch_api import BatchApi, default_storage_dir
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
@@ -37,6 +40,7 @@ class ServerState:
     model_names: tuple[str, ...] = field(init=False)
     engine: AsyncEngine | None = None  # None until the model is loaded (/health answers 503)
     session_prompts: SessionPrompts | None = None
+    inputs: InputProcessor | None = None  # the one road from an API's input to the engine's request
     metrics: ServerMetrics = field(init=False)
     shutting_down: bool = False
     batch_api: BatchApi | None = None  # None: the Batch API is off (--disable-batch-api)
@@ -62,6 +66,7 @@ class ServerState:
         if self.config.batch_storage_shared:  # replicas: transcripts where every replica reads them
             transcripts = SessionTranscripts(self.storage_dir, engine.engine.config.cache.session_ttl)
         self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens, transcripts=transcripts)
+        self.inputs = InputProcessor(engine.tokenizer, self.session_prompts, engine.engine.validate)
         if self.config.response_cache is not None:
             server = server_identity(self.config, self.thinking_rules)
             self.response_cache = open_response_cache(self.config, cache_identity(model_identity(engine.engine), server))
@@ -119,18 +124,21 @@ class ServerState:
             self.metrics.observe_rejected("rate_limit")
             raise
 
-    def validate(self, request: GenerationRequest, prompt_param: str) -> None:
-        """The one check of a request against the engine (``swiftlm.engine.validation``), as the
-        400 it names; ``prompt_param``: what this API calls the prompt ("messages", "prompt")."""
+    def request(self, request_id: str, token_ids: list[int], params: SamplingParams, prompt_param: str,
+                **fields: Any) -> GenerationRequest:
+        """The engine's request from the input processor (``InputProcessor.request``: checked once, a
+        refusal the 400 that names the field); ``prompt_param``: what this API calls the prompt
+        ("messages", "prompt"). ``fields``: the rest of ``GenerationRequest``'s."""
+        self.ready_engine()
         try:
-            self.ready_engine().engine.validate(request.prompt_token_ids, request.sampling_params)
+            return self.inputs.request(request_id, token_ids, params, **fields)
         except RequestError as exc:
             self.metrics.observe_rejected("bad_request")
             param = prompt_param if exc.param == "prompt" else exc.param
             raise bad_request(str(exc), param=param, code=exc.code) from exc
 
     def submit(self, request: GenerationRequest, caller: Caller) -> TextStream:
-        """Hand a request checked by ``validate`` to the engine, turning refusals into HTTP errors;
+        """Hand a request made by ``request`` to the engine, turning refusals into HTTP errors;
         the tokens it generates count against ``caller``'s token rate. What the engine returns is
         read as text in the reader's thread (``TextStream``)."""
         engine = self.ready_engine()

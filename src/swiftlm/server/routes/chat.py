@@ -91,7 +91,7 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
     new_messages = chat_messages(req.messages)
     check_prompt_chars([str(m.get("content") or "") for m in new_messages], engine.max_model_len, "messages")
-    messages = state.session_prompts.conversation(session_key, new_messages, reset=req.session_reset)
+    messages = state.inputs.conversation(session_key, new_messages, reset=req.session_reset)
     defaults = state.config.default_chat_template_kwargs
     choice = thinking_choice(
         req, defaults, can_think=tokenizer.think_end_id is not None, default_thinking=state.config.default_thinking,
@@ -104,10 +104,10 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
     tools = template_tools(req)
     kwargs = template_kwargs(req, defaults, thinking)
     try:
-        prompt, ids = state.session_prompts.prompt(session_key, messages, kwargs, tools)
+        rendered = state.inputs.chat(messages, thinking, kwargs, tools, session_key)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
-    room = engine.max_model_len - len(ids)
+    room = engine.max_model_len - len(rendered.token_ids)
     params = sampling_params_from_chat(
         req, max(room, 1), tokenizer.generation_defaults, max_n=state.config.max_n,
     )
@@ -120,12 +120,11 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -
         params = dataclasses.replace(params, structured_outputs=policy.constraint)
     if choice.auto and thinking and params.thinking_budget is None and state.config.auto_thinking_budget is not None:
         params = dataclasses.replace(params, thinking_budget=state.config.auto_thinking_budget)
-    request = GenerationRequest(
-        request_id=new_id("chatcmpl-"), prompt_token_ids=ids, sampling_params=params, prompt=prompt,
-        thinking=thinking, session_id=session_key, stream=req.stream, final_only=not req.stream,
+    request = state.request(
+        new_id("chatcmpl-"), rendered.token_ids, params, "messages", prompt=rendered.text, thinking=thinking,
+        session_id=session_key, stream=req.stream, final_only=not req.stream,
         priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
     )
-    state.validate(request, prompt_param="messages")
     return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy, choice.label)
 
 

@@ -61,41 +61,39 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     request_id = new_id("cmpl-")
     # scoped by the caller's key, as chat's and DELETE /v1/sessions/{id}'s
     session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
-    prepared = []
+    prepared: list[GenerationRequest] = []
     prompts = completion_prompts(req)
     for prompt in prompts:  # each prompt has a context window of its own
         if isinstance(prompt, str):
             check_prompt_chars([prompt], engine.max_model_len, "prompt")
-    for prompt in prompts:
-        text, ids = (prompt, tokenizer.encode(prompt)) if isinstance(prompt, str) else (None, list(prompt))
+    priority = request_priority(req.priority, state.scheduling_policy)
+    for i, prompt in enumerate(prompts):
+        text, ids = state.inputs.text(prompt)
         room = engine.max_model_len - len(ids)
         params = sampling_params_from_completion(
             req, max(room, 1), tokenizer.generation_defaults, max_n=state.config.max_n
         )
-        state.validate(GenerationRequest(request_id, ids, params), prompt_param="prompt")
-        prepared.append((text, ids, params))
+        prepared.append(state.request(
+            request_id if len(prompts) == 1 else f"{request_id}-p{i}", ids, params, "prompt", prompt=text,
+            session_id=session_key, stream=req.stream, final_only=not req.stream, priority=priority,
+            background=is_background(raw),
+        ))
     caller = request_caller(raw)
-    use = cache_use(state, req, raw, "completions", prepared[0][2])
+    use = cache_use(state, req, raw, "completions", prepared[0].sampling_params)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     hit = answer_from_cache(state, use, caller, req.stream, request_id, include_usage, completion_hit_events)
     if hit is not None:
         return hit
-    state.admit(caller, sum(len(ids) for _, ids, _ in prepared))
+    state.admit(caller, sum(len(r.prompt_token_ids) for r in prepared))
     streams: list[TextStream] = []
     try:
-        for i, (text, ids, params) in enumerate(prepared):
-            rid = request_id if len(prepared) == 1 else f"{request_id}-p{i}"
-            request = GenerationRequest(
-                request_id=rid, prompt_token_ids=ids, sampling_params=params, prompt=text,
-                session_id=session_key, stream=req.stream, final_only=not req.stream,
-                priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
-            )
+        for request in prepared:
             streams.append(state.submit(request, caller))
     except Exception:
         for s in streams:
             engine.abort(s.request_id)
         raise
-    n = prepared[0][2].n
+    n = prepared[0].sampling_params.n
     if req.stream:
         def close() -> None:
             for s in streams:
