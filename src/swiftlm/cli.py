@@ -442,10 +442,10 @@ def _chat_turn(
     switch of ``resolve_thinking`` (None: not asked).
     """
     from swiftlm.core.outputs import CompletionOutput, RequestOutput
-    from swiftlm.text.reasoning import ReasoningStreamParser
+    from swiftlm.frontend.answer import AnswerStream
 
     prompt = llm.chat_prompt(messages, session_id=CHAT_SESSION_ID, enable_thinking=enable_thinking)
-    parser = ReasoningStreamParser(thinking=prompt["thinking"])
+    parser = AnswerStream(separate=prompt["thinking"])
     printer = _TurnPrinter(sys.stdout)
     timer = _Timer()
     answer, text, token_ids = [], [], []
@@ -456,11 +456,12 @@ def _chat_turn(
             timer.tokens_arrived(len(new_ids))
             token_ids.extend(new_ids)
             text.append(delta)
-            reasoning, content = parser.feed(delta)
+            reasoning, items = parser.feed(delta)
+            content = "".join(item.content for item in items)
             printer.reasoning(reasoning)
             printer.content(content)
             answer.append(content)
-        printer.reasoning(parser.finish()[0])
+        printer.reasoning(parser.feed("", finished=True)[0])
     finally:
         printer.finish()
     if last is None:

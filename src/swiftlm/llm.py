@@ -21,10 +21,10 @@ from swiftlm.config import (
 from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
+from swiftlm.frontend.answer import read_answer
 from swiftlm.frontend.input_processor import InputProcessor
 from swiftlm.frontend.output_processor import OutputProcessor
 from swiftlm.sampling import SamplingParams
-from swiftlm.text.reasoning import split_reasoning
 from swiftlm.text.session_prompt import SessionPrompts
 
 Prompt = str | dict[str, Any]
@@ -191,7 +191,7 @@ class LLM:
     ) -> None:
         """Remember a finished session turn so the next one extends its real token stream."""
         seq = out.outputs[0]
-        answer = split_reasoning(seq.text, prompt["thinking"])[1]
+        answer = read_answer(seq.text, prompt["thinking"]).content or ""
         self._session_prompts.record(session_id, messages, answer, out.prompt_token_ids + seq.token_ids, tools)
 
     def stream(

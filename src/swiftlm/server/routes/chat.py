@@ -26,6 +26,7 @@ from fastapi.responses import Response
 
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
+from swiftlm.frontend.answer import AnswerStream, read_answer
 from swiftlm.frontend.text_stream import TextStream
 from swiftlm.server.auth import request_caller, session_scope
 from swiftlm.server.batch_calls import is_background
@@ -65,8 +66,7 @@ from swiftlm.server.state import ServerState, output_error, server_state, stream
 from swiftlm.server.streaming import EventStream
 from swiftlm.server.tool_choice import ToolPolicy, tool_policy
 from swiftlm.text.chat_template import ChatTemplateError
-from swiftlm.text.reasoning import ReasoningStreamParser, split_reasoning
-from swiftlm.text.tools import ToolCallStreamParser, ToolDelta, parse_tool_calls
+from swiftlm.text.tools import ToolDelta
 
 router = APIRouter()
 
@@ -169,15 +169,11 @@ def whole_answer(state: ServerState, req: ChatCompletionRequest, turn: ChatTurn,
     completion_tokens = reasoning_tokens = 0
     k = req.top_logprobs or 0
     for seq in out.outputs:
-        reasoning, text = split_reasoning(seq.text, turn.separate)
-        content: str | None = text
-        calls: list[dict] = []
-        if turn.tool_policy.parse:
-            parsed = parse_tool_calls(text, turn.tool_policy.parallel)
-            content, calls = parsed.content, [call.to_openai() for call in parsed.tool_calls]
-            if parsed.errors:
-                state.metrics.tool_call_parse_errors.labels(state.model_name).inc(parsed.errors)
-        reasoning = (reasoning or None) if req.return_reasoning else None
+        answer = read_answer(seq.text, turn.separate, turn.tool_policy.parse, turn.tool_policy.parallel)
+        content, calls = answer.content, answer.tool_calls
+        if answer.errors:
+            state.metrics.tool_call_parse_errors.labels(state.model_name).inc(answer.errors)
+        reasoning = (answer.reasoning or None) if req.return_reasoning else None
         message = ChatCompletionMessage(
             content=content, reasoning=reasoning, reasoning_content=reasoning, tool_calls=_tool_calls(calls) or None
         )
@@ -210,10 +206,8 @@ async def stream_chat(
     tokenizer = state.engine.tokenizer
     created = int(time.time())
     n = turn.request.sampling_params.n
-    parsers = [ReasoningStreamParser(turn.separate) for _ in range(n)]
-    tool_parsers = [ToolCallStreamParser(turn.tool_policy.parallel) for _ in range(n)]
+    answers = [AnswerStream(turn.separate, turn.tool_policy.parse, turn.tool_policy.parallel) for _ in range(n)]
     token_ids: list[list[int]] = [[] for _ in range(n)]
-    contents = [""] * n
     k = req.top_logprobs or 0
 
     def chunk(choices: list[ChatCompletionChunkChoice], usage: UsageInfo | None = None, ext: dict | None = None) -> str:
@@ -235,23 +229,14 @@ async def stream_chat(
             for seq in out.outputs:
                 i = seq.index
                 token_ids[i].extend(seq.token_ids)
-                reasoning, content = parsers[i].feed(seq.text)
-                if seq.finish_reason is not None:
-                    tail_reasoning, tail_content = parsers[i].finish()
-                    reasoning, content = reasoning + tail_reasoning, content + tail_content
-                items = [ToolDelta(content=content)] if content else []
-                if turn.tool_policy.parse:
-                    items = tool_parsers[i].feed(content)
-                    if seq.finish_reason is not None:
-                        items += tool_parsers[i].finish()
-                contents[i] += "".join(item.content for item in items if item.index is None)
+                reasoning, items = answers[i].feed(seq.text, seq.finish_reason is not None)
                 reasoning = (reasoning or None) if req.return_reasoning else None
                 logprobs = chat_logprobs(tokenizer, seq, k) if req.logprobs and seq.token_ids else None
                 if not items and reasoning is None and seq.finish_reason is None and logprobs is None:
                     continue
                 deltas = [_delta(item) for item in items] or [DeltaMessage()]
                 deltas[0].reasoning = deltas[0].reasoning_content = reasoning
-                finish = _finish_reason(seq.finish_reason, bool(tool_parsers[i].tool_calls))
+                finish = _finish_reason(seq.finish_reason, bool(answers[i].tool_calls))
                 for r, delta in enumerate(deltas):
                     last_delta = r == len(deltas) - 1
                     if r == len(rounds):
@@ -275,13 +260,13 @@ async def stream_chat(
         completion_tokens = sum(len(t) for t in token_ids)
         reasoning = sum(reasoning_token_count(t, turn.request.thinking, tokenizer.think_end_id) for t in token_ids)
         state.metrics.observe_finished(last.metrics, len(last.prompt_token_ids), completion_tokens, "stop")
-        errors = sum(p.errors for p in tool_parsers)
+        errors = sum(a.errors for a in answers)
         if errors:
             state.metrics.tool_call_parse_errors.labels(state.model_name).inc(errors)
         if turn.request.session_id is not None:
             state.session_prompts.record(
-                turn.request.session_id, turn.messages, contents[0], last.prompt_token_ids + token_ids[0], turn.tools,
-                tool_calls=[call.to_openai() for call in tool_parsers[0].tool_calls],
+                turn.request.session_id, turn.messages, answers[0].content, last.prompt_token_ids + token_ids[0],
+                turn.tools, tool_calls=[call.to_openai() for call in answers[0].tool_calls],
             )
         if include_usage:
             yield chunk([], usage_of(last, completion_tokens, reasoning))
