@@ -27,6 +27,8 @@ from swiftlm.config import ServerConfig
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
+from swiftlm.frontend.output_processor import RequestText
+from swiftlm.frontend.text_stream import TextStream
 from swiftlm.llm import engine_config
 from swiftlm.server.app import create_app
 
@@ -64,7 +66,7 @@ def main() -> None:
 
     async def direct() -> str:
         request = GenerationRequest(f"direct-{next(counter)}", ids, params, final_only=True)
-        out = await engine.submit(request).final()
+        out = await TextStream(engine.submit(request), RequestText(request, engine.tokenizer)).final()
         return out.outputs[0].text
 
     client = httpx.Client(timeout=120)
