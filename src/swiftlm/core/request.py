@@ -138,6 +138,17 @@ class Request:
         """The next token is constrained by the request's grammar."""
         return self.grammar is not None and self.grammar_start is not None and self.num_output_tokens >= self.grammar_start
 
+    def keep_output(self, num_output_tokens: int) -> None:
+        """Drop the output tokens after the first ``num_output_tokens`` (a stop string the front end
+        found after the engine ran past it), and the computed count with them: at most every kept
+        token but the last, as for a sequence that ended by itself. Call it with no step in flight."""
+        extra = self.num_output_tokens - num_output_tokens
+        if extra <= 0:
+            return
+        del self.output_token_ids[num_output_tokens:]
+        del self.all_token_ids[len(self.all_token_ids) - extra:]
+        self.num_computed_tokens = min(self.num_computed_tokens, len(self.all_token_ids) - 1)
+
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)

@@ -286,10 +286,10 @@ class Engine:
         parent = self._parents.get(stop.request_id)
         child = parent.children[stop.index] if parent is not None else None
         if child is not None and not child.is_finished:
-            self.scheduler.finish(child, FinishReason.STOP)  # steps in flight are rolled back here
-            self._keep_output(child, stop.num_output_tokens)
             child.stop_reason = stop.stop_reason
-        elif stop.session_id is not None:
+            # steps in flight are rolled back, then the output cut, before its session is saved
+            self.scheduler.finish(child, FinishReason.STOP, keep_output=stop.num_output_tokens)
+        elif stop.session_id is not None:  # it ended by itself first, and left its session the longer stream
             self.kv.sessions.trim(stop.session_id, stop.token_ids)
         if parent is None:
             return True
@@ -297,20 +297,6 @@ class Engine:
             self._forget(parent)
             return True
         return False
-
-    def _keep_output(self, request: Request, num_output_tokens: int) -> None:
-        """Cut a just-finished request's output to its first ``num_output_tokens`` tokens, and the
-        session its blocks went to: KV computed for later tokens is not kept (a whole block of it
-        may stay in the prefix cache under its own tokens, which is right, and is never written
-        to again: a session does not reuse a keyed block partly)."""
-        extra = request.num_output_tokens - num_output_tokens
-        if extra <= 0:
-            return
-        del request.output_token_ids[num_output_tokens:]
-        del request.all_token_ids[len(request.all_token_ids) - extra:]
-        request.num_computed_tokens = min(request.num_computed_tokens, len(request.all_token_ids) - 1)
-        if request.session_id is not None:
-            self.kv.sessions.trim(request.session_id, request.all_token_ids)
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """Finish every request with an error (after an unexpected failure) and report them."""

@@ -266,8 +266,11 @@ class Scheduler:
                 request.error = f"request waited more than max_queue_wait={limit}s in the queue"
                 out.timed_out.append(request)
 
-    def finish(self, request: Request, reason: FinishReason, now: float | None = None) -> None:
-        """End a request (any state) and release its blocks; safe to call once per request."""
+    def finish(self, request: Request, reason: FinishReason, now: float | None = None,
+               keep_output: int | None = None) -> None:
+        """End a request (any state) and release its blocks; safe to call once per request.
+        ``keep_output``: end it at that many output tokens (``Request.keep_output``), before its
+        blocks go to its session or back to the pool."""
         if request.is_finished:
             return
         now = self.clock() if now is None else now
@@ -280,6 +283,8 @@ class Scheduler:
         # what launched steps compute for it past this point is dropped: its KV and tokens end here
         request.num_computed_tokens -= request.num_inflight
         request.num_inflight = request.num_pending = 0
+        if keep_output is not None:
+            request.keep_output(keep_output)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.metrics.finished_time = now

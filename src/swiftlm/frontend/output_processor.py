@@ -37,7 +37,6 @@ class _SequenceText:
     stops: StopStringMatcher | None
     ended: bool = False  # finished, as the caller sees it (the engine may still be running it)
     num_tokens: int = 0  # token ids accepted so far
-    token_ids: list[int] = field(default_factory=list)  # accepted so far (index 0: to trim the session)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -63,6 +62,8 @@ class RequestText:
             )
             for _ in range(params.n)
         ]
+        # sequence 0's accepted token ids, where a session may need trimming to them (``_stop_of``)
+        self._session_ids: list[int] | None = [] if request.session_id is not None else None
         self._prompt_logprobs: list[dict[int, float] | None] | None = None
         self._error: str | None = None
         self.finished = False
@@ -79,7 +80,11 @@ class RequestText:
             seq = self._seqs[delta.index]
             if seq.ended:
                 continue  # a stop string ended it: what the engine made after it is dropped
-            if self._take(seq, delta):
+            kept = seq.num_tokens
+            ended = self._take(seq, delta)
+            if delta.index == 0 and self._session_ids is not None:
+                self._session_ids.extend(delta.token_ids[:seq.num_tokens - kept])
+            if ended:
                 stops.append(self._stop_of(delta.index, seq))
             reported.append(delta.index)
         if out.prompt_logprobs is not None:
@@ -119,7 +124,6 @@ class RequestText:
         new = tokens[:kept]
         seq.num_tokens += kept
         seq.new_token_ids.extend(new)
-        seq.token_ids.extend(new)
         if delta.logprobs is not None:
             chosen = delta.logprobs[:kept]
             seq.new_logprobs.extend(chosen)
@@ -147,11 +151,11 @@ class RequestText:
 
     def _stop_of(self, index: int, seq: _SequenceText) -> SequenceStop:
         request = self.request
-        session = request.session_id if index == 0 else None
+        with_session = index == 0 and self._session_ids is not None
         return SequenceStop(
             request_id=request.request_id, index=index, num_output_tokens=seq.num_tokens,
-            stop_reason=seq.stop_reason, session_id=session,
-            token_ids=(*request.prompt_token_ids, *seq.token_ids) if session is not None else (),
+            stop_reason=seq.stop_reason, session_id=request.session_id if with_session else None,
+            token_ids=(*request.prompt_token_ids, *self._session_ids) if with_session else (),
         )
 
     def _report(self, index: int, seq: _SequenceText) -> CompletionOutput:

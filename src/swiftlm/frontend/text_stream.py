@@ -42,10 +42,4 @@ class TextStream:
             if out.finished:
                 return
 
-    async def final(self) -> RequestOutput:
-        """Wait for the finished output (with ``final_only`` it is the only one)."""
-        last = None
-        async for out in self:
-            last = out
-        assert last is not None
-        return last
+    final = RequestStream.final  # reads this stream to its finished output
