@@ -185,7 +185,11 @@ void run_item_avx2(const Problem& P, const Item& it, float* ws, T* out, float* p
             kr[u] = kbase + o.k[i + u] + koff[v];
             kn[u] = kbase + (i + u < n_next ? on.k[i + u] : o.k[i + u]) + koff[v];
           }
-          const float* qv = qh[v * G];  // the G heads of virtual head v: consecutive rows of qf
+          // the G heads of virtual head v: each lane's own row of qf, clamped to the last head (lanes of a
+          // partial group past nv must not read past qf, which ends the worker's scratch)
+          const float* qv[G];
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) qv[g] = qh[v * G + g];
           for (int64_t c = 0; c < d; c += 16) {  // d % 16 == 0
             if (c % kLine == 0)
 #pragma GCC unroll 8
@@ -196,7 +200,7 @@ void run_item_avx2(const Problem& P, const Item& it, float* ws, T* out, float* p
               R::widen16(kr[u] + c, k);
 #pragma GCC unroll 8
               for (int g = 0; g < G; ++g) {
-                const float* q = qv + g * d + c;
+                const float* q = qv[g] + c;
                 a[u * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8), k[1], _mm256_fmadd_ps(_mm256_loadu_ps(q), k[0], a[u * G + g]));
               }
             }
