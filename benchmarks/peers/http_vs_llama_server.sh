@@ -6,7 +6,7 @@
 #   LLAMA_SERVER=/path/to/llama-server benchmarks/peers/http_vs_llama_server.sh [ROUNDS] [OUT]
 #
 # llama-server: built from the llama.cpp that llama-cpp-python 0.3.36 vendors (its sdist, unpacked by
-# scripts/peers/convert_to_gguf.sh under models/peers-tools/):
+# benchmarks/peers/convert_to_gguf.sh under models/peers-tools/):
 #   cmake -S models/peers-tools/llama_cpp_python-0.3.36/vendor/llama.cpp -B /work/llama-build \
 #     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release && \
 #   cmake --build /work/llama-build --target llama-server -j2           # ~10 min on 2 cores

@@ -1,6 +1,6 @@
 """`swiftlm bench peers`: one side-by-side Markdown table from the results.json files of several
 engines run on the same workload (`bench serve` against swiftlm and llama.cpp's server,
-`bench hf` for in-process transformers); scripts/peers/run_peer_table.sh makes all three.
+`bench hf` for in-process transformers); benchmarks/peers/run_peer_table.sh makes all three.
 
 Every number is recomputed from the records of each file with `report.summarize`, so the
 definitions are those of `bench serve` (see report.py). One row per (concurrency, metric), one

@@ -1,5 +1,5 @@
 """Time to first token of two or more engines on the same fresh prompts, interleaved: the A/B that the
-kernel benchmarks share (``benchmarks/cpu/gemm_ab.py``, ``scripts/bench_prefill.py``).
+kernel benchmarks share (``benchmarks/cpu/gemm_ab.py``, ``benchmarks/cpu/bench_prefill.py``).
 
 Each round sends every engine the same fresh random prompt (no prefix hit), in an order that reverses
 every round, and times ``generate(max_tokens=1)``; the medians per prompt length come back. Engines go

@@ -11,7 +11,7 @@
 // kv head, into float32 accumulators in scratch. Each line of K or V read pulls the same line of the
 // next tile's row into L2 (kStreamHint), as on AVX-512. On a 2-core Zen3 VM, against a first
 // version that read K one token at a time for all 8 lanes and widened bf16 8 values at a time:
-// 1.04-1.2x at 2048-8192 tokens (scripts/ab_attention_kernel.py, two runs).
+// 1.04-1.2x at 2048-8192 tokens (benchmarks/cpu/ab_attention_kernel.py, two runs).
 //
 // Values are widened to float32: bf16 16 at a time from one load (even dims by a shift, odd dims by
 // a mask: q and the accumulators are kept in that order, undone when results are written), 8-bit

@@ -1069,7 +1069,7 @@ void run_item_rows(const Problem& P, const Item& it, float* ws, T* out, float* p
 // order); as each kv head's V rows are read, the same head's V rows of the next tile. On a Zen4 VM,
 // 28 layers at 2048 tokens: 2.0x over per-head bursts of L1 prefetches issued during P.V; two tiles
 // ahead: 0.93-0.97x. Both pools' prefetches issued during q.k (as an earlier version did) read them
-// 0.86-0.96x as fast from memory: a probe of two pools read in turns (scripts/probes/kv_prefetch_phase.c)
+// 0.86-0.96x as fast from memory: a probe of two pools read in turns (benchmarks/probes/kv_prefetch_phase.c)
 // streamed at 0.58-0.79x of each pool prefetched in its own phase, one thread.
 template <int G>
 void run_item_i8(const Problem& P, const Item& it, float* ws, bf16* out, float* part) {
