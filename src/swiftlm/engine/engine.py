@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -20,9 +20,11 @@ from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.core.generation import GenerationRequest
-from swiftlm.core.outputs import CompletionOutput, RequestOutput, SequenceStop
+from swiftlm.core.outputs import RequestOutput, SequenceStop
 from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import SchedulerOutput
+from swiftlm.engine.live_requests import LiveRequest, LiveRequests, needs_host_tokens, plain_greedy
+from swiftlm.engine.reports import EngineStats, KvReport
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
@@ -34,63 +36,6 @@ from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Stream:
-    """Per-sequence output state: the tokens (and their logprobs) not reported yet."""
-
-    request: Request
-    parent_id: str
-    new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[dict[int, float]] = field(default_factory=list)
-    final_only: bool = False  # the request is reported once, at its end
-
-
-@dataclass(slots=True)
-class _Parent:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[Request]
-    final_only: bool = False
-    prompt_logprobs_sent: bool = False
-    needs_host_tokens: bool = False  # its steps run serially (``Engine._needs_host_tokens``)
-    plain_greedy: bool = False  # every token is the plain argmax (``Engine._plain_greedy``)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_sessions: int
-    num_preemptions: int
-    num_aborted: int
-    num_failed_steps: int = 0
-    num_failed_rows: int = 0
-    healthy: bool = True
-    # speculative decoding (zero without it): verified drafts, their tokens, those accepted (also
-    # by position in the draft: [num_speculative_tokens])
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_position: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class KvReport:
-    """Where every KV block is (``Engine.kv_report``): a block in use belongs to a live request or
-    a session; ``error`` names the first broken invariant (None: the pool is consistent)."""
-
-    blocks_usable: int
-    blocks_free: int  # free or cached-but-evictable (reference count 0)
-    blocks_in_sessions: int  # pinned between turns
-    live_requests: int
-    leaked_blocks: int  # in use, yet owned by no live request and no session
-    error: str | None
 
 
 class Engine:
@@ -150,17 +95,14 @@ class Engine:
         self._device = DeviceThread()
         self._launched: LaunchedStep | None = None  # the step in flight, not landed yet
         self._num_steps = 0
-        self._serial_parents = 0  # live requests whose steps must run serially
-        self._other_than_greedy = 0  # live requests not plain greedy: while there are none, no sampling rows
         self.on_step_event: StepEvent | None = None  # tests and benchmarks: when steps are prepared and run
         warmed = self.backend.warm_up(self.model, sched.max_num_batched_tokens, head_rows)
-        self._parents: dict[str, _Parent] = {}
+        self.live = LiveRequests()  # each request's sequences and what they have not reported yet
         self.grammars = GrammarCompiler(self.tokenizer, self.model.config.vocab_size)
         self.num_aborted = 0
         self.num_failed_steps = 0  # model steps that raised (their requests failed)
         self.num_failed_rows = 0  # requests failed alone for non-finite logits
         self.fatal_error: str | None = None  # set when a step failed in a way the process cannot recover from
-        self._streams: dict[int, _Stream] = {}  # id(request) -> stream
         ids = [i for i in (self.tokenizer.think_end_id,) if i is not None]
         self._think_end_ids = tuple(ids + self.tokenizer.encode("\n\n")) if ids else ()
         start = self.tokenizer.think_start_id
@@ -187,7 +129,7 @@ class Engine:
         request_id, params, session_id, prompt = (
             request.request_id, request.sampling_params, request.session_id, request.prompt
         )
-        if request_id in self._parents:
+        if request_id in self.live:
             raise RequestError(f"request id {request_id!r} is already in use")
         ids = list(request.prompt_token_ids)
         if not validated:
@@ -235,33 +177,10 @@ class Engine:
                 raise
         # a whole answer with stop strings is reported token by token all the same: the front end
         # watches its text for them and stops it (``stop_sequence``)
-        final_only = request.final_only and not params.stop
-        for child in children:
-            self._streams[id(child)] = _Stream(child, request_id, final_only=final_only)
-        serial = self._needs_host_tokens(params, budgeted)
-        plain = self._plain_greedy(params, budgeted)
-        self._serial_parents += serial
-        self._other_than_greedy += not plain
-        self._parents[request_id] = _Parent(request_id, prompt, ids, children, final_only,
-                                            needs_host_tokens=serial, plain_greedy=plain)
-
-    @staticmethod
-    def _plain_greedy(params: SamplingParams, budgeted: bool) -> bool:
-        """Whether every token of a request is its logits' plain argmax (``runner.sampler.plain_greedy``
-        for all its steps): greedy, and nothing that bans, forces, biases, penalises or reports."""
-        return (params.greedy and not params.logit_bias and params.logprobs is None and params.min_tokens == 0
-                and params.structured_outputs is None and not budgeted and params.repetition_penalty == 1.0
-                and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
-
-    @staticmethod
-    def _needs_host_tokens(params: SamplingParams, budgeted: bool) -> bool:
-        """Whether a request's next step needs its previous token on the host to be formed, so steps
-        cannot overlap while it runs: a grammar (the next mask), penalties (the tokens so far), a
-        thinking budget (forced tokens), prompt logprobs (which rows a recompute scores).
-        Speculation turns overlap off for the whole engine (drafts come from the tokens)."""
-        return (params.structured_outputs is not None or budgeted or params.prompt_logprobs is not None
-                or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                or params.frequency_penalty != 0.0)
+        live = LiveRequest(request_id, prompt, ids, children, request.final_only,
+                           needs_host_tokens=needs_host_tokens(params, budgeted),
+                           plain_greedy=plain_greedy(params, budgeted))
+        self.live.add(live, stream_final_only=request.final_only and not params.stop)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
         """Raise RequestError if the request can never run here (``validate_request``). Reads only
@@ -270,31 +189,31 @@ class Engine:
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request at once and free its blocks. Returns its final output, if it existed."""
-        parent = self._parents.get(request_id)
-        if parent is None:
+        live = self.live.get(request_id)
+        if live is None:
             return None
         self.num_aborted += 1
-        for child in parent.children:
+        for child in live.children:
             self.scheduler.finish(child, FinishReason.ABORT)
-        return self._emit(parent, parent.children)
+        return self.live.emit(live, live.children)
 
     def stop_sequence(self, stop: SequenceStop) -> bool:
         """End a sequence the front end saw a stop string in, at ``stop.num_output_tokens`` tokens:
         the tokens after them and their KV are dropped, so a session keeps what the client saw. If
         the sequence had ended already (its EOS or length came first), the session it left is
         trimmed instead. Returns whether the request has left the engine (nothing more to report)."""
-        parent = self._parents.get(stop.request_id)
-        child = parent.children[stop.index] if parent is not None else None
+        live = self.live.get(stop.request_id)
+        child = live.children[stop.index] if live is not None else None
         if child is not None and not child.is_finished:
             child.stop_reason = stop.stop_reason
             # steps in flight are rolled back, then the output cut, before its session is saved
             self.scheduler.finish(child, FinishReason.STOP, keep_output=stop.num_output_tokens)
         elif stop.session_id is not None:  # it ended by itself first, and left its session the longer stream
             self.kv.sessions.trim(stop.session_id, stop.token_ids)
-        if parent is None:
+        if live is None:
             return True
-        if all(c.is_finished for c in parent.children):
-            self._forget(parent)
+        if all(c.is_finished for c in live.children):
+            self.live.forget(live)
             return True
         return False
 
@@ -307,11 +226,11 @@ class Engine:
                 pass
             self._launched = None
         outputs = []
-        for parent in list(self._parents.values()):
-            for child in parent.children:
+        for live in self.live.all():
+            for child in live.children:
                 child.error = child.error or message
                 self.scheduler.finish(child, FinishReason.ERROR)
-            outputs.append(self._emit(parent, parent.children))
+            outputs.append(self.live.emit(live, live.children))
         return outputs
 
     def close_session(self, session_id: str) -> bool:
@@ -323,7 +242,7 @@ class Engine:
         return self.kv.sessions.tokens(session_id, time.monotonic())
 
     def has_unfinished(self) -> bool:
-        return bool(self._parents) or self._launched is not None
+        return bool(self.live) or self._launched is not None
 
     def stats(self) -> EngineStats:
         spec = self.speculator.stats if self.speculator is not None else None
@@ -347,7 +266,7 @@ class Engine:
 
     def kv_report(self) -> KvReport:
         """Check the KV pool's bookkeeping and account for every block (soak runs, admin)."""
-        live = [r for parent in self._parents.values() for r in parent.children]
+        live = self.live.sequences()
         error = None
         try:
             self.kv.check_integrity(live)
@@ -369,10 +288,10 @@ class Engine:
         Serial: schedule, launch, land (wait for its results and apply them). Overlapped: schedule
         and launch step N+1 while step N runs on the device thread, then land N; the outputs
         returned are N's. A step falls back to serial while a live request needs the tokens of the
-        step before it on the host to form its own (see ``_needs_host_tokens``)."""
+        step before it on the host to form its own (see ``live_requests.needs_host_tokens``)."""
         now = time.monotonic()
         self.kv.sessions.expire(now)
-        overlap = self.async_scheduling and self._serial_parents == 0
+        overlap = self.async_scheduling and self.live.num_serial == 0
         touched: list[Request] = []
         if not overlap and self._launched is not None:
             touched.extend(self._land(self._launched))
@@ -393,7 +312,7 @@ class Engine:
                 self._launched = launched
             else:
                 touched.extend(self._land(launched))
-        return self._collect(touched)
+        return self.live.collect(touched)
 
     def _launch(self, plan: SchedulerOutput) -> LaunchedStep:
         """Build the step's inputs, advance its requests' counts and start it (overlapped: on the
@@ -401,7 +320,7 @@ class Engine:
         rows: list[SamplingRow] = []
         samples: list[bool] = []
         rows_of: dict[int, int] = {}
-        plain = self._other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
+        plain = self.live.num_other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
         for s in plan.scheduled:
             sample = s.samples
             samples.append(sample)
@@ -445,7 +364,7 @@ class Engine:
                 self._event("device_end", index)  # on a CPU the step's end; on CUDA its launch's
 
         launched = LaunchedStep(index, plan, samples, epochs, rows_of, job, decode_only)
-        if self.async_scheduling and self._serial_parents == 0:
+        if self.async_scheduling and self.live.num_serial == 0:
             launched.future = self._device.submit(job)
         return launched
 
@@ -562,7 +481,7 @@ class Engine:
             request.thinking_closed = True
             if request.grammar is not None and request.grammar_start is None:  # after the forced "\n\n", if any
                 request.grammar_start = request.num_output_tokens + len(request.forced_tokens)
-        stream = self._streams[id(request)]
+        stream = self.live.stream(request)
         stream.new_token_ids.append(token)
         if result.logprobs is not None:
             stream.new_logprobs.append(result.logprobs)
@@ -579,65 +498,3 @@ class Engine:
             len(request.all_token_ids) >= self.max_model_len
         ):
             self.scheduler.finish(request, FinishReason.LENGTH, now)
-
-    def _collect(self, touched: list[Request]) -> list[RequestOutput]:
-        by_parent: dict[str, list[Request]] = {}
-        for request in touched:
-            stream = self._streams.get(id(request))
-            if stream is not None and (request.is_finished or not stream.final_only):  # else nothing to say yet
-                by_parent.setdefault(stream.parent_id, []).append(request)
-        outputs = []
-        for parent_id, children in by_parent.items():
-            parent = self._parents.get(parent_id)
-            if parent is None:
-                continue
-            if parent.final_only:
-                if not all(c.is_finished for c in parent.children):
-                    continue  # text keeps accumulating in the streams until the end
-                children = parent.children
-            outputs.append(self._emit(parent, children))
-        return outputs
-
-    def _emit(self, parent: _Parent, children: list[Request]) -> RequestOutput:
-        completions = []
-        for child in children:
-            stream = self._streams[id(child)]
-            completions.append(
-                CompletionOutput(
-                    index=child.index,
-                    text="",
-                    token_ids=stream.new_token_ids,
-                    cumulative_logprob=child.cumulative_logprob if child.sampling_params.logprobs is not None else None,
-                    logprobs=stream.new_logprobs if child.sampling_params.logprobs is not None else None,
-                    finish_reason=child.finish_reason.value if child.finish_reason else None,
-                    stop_reason=child.stop_reason,
-                )
-            )
-            stream.new_token_ids, stream.new_logprobs = [], []
-        finished = all(c.is_finished for c in parent.children)
-        lead = parent.children[0]
-        prompt_logprobs = None
-        if not parent.prompt_logprobs_sent and lead.prompt_logprobs is not None and not lead.needs_prompt_logprobs:
-            prompt_logprobs, parent.prompt_logprobs_sent = lead.prompt_logprobs, True
-        error = next((c.error for c in children if c.error), None)
-        if finished:
-            self._forget(parent)
-        return RequestOutput(
-            request_id=parent.request_id,
-            prompt=parent.prompt,
-            prompt_token_ids=parent.prompt_token_ids,
-            outputs=completions,
-            finished=finished,
-            num_cached_tokens=max(0, lead.num_cached_tokens),
-            metrics=lead.metrics,
-            error=error,
-            prompt_logprobs=prompt_logprobs,
-        )
-
-    def _forget(self, parent: _Parent) -> None:
-        """A request whose sequences have all finished leaves the engine."""
-        del self._parents[parent.request_id]
-        self._serial_parents -= parent.needs_host_tokens
-        self._other_than_greedy -= not parent.plain_greedy
-        for c in parent.children:
-            self._streams.pop(id(c), None)
