@@ -348,7 +348,7 @@ def test_bfloat16_logits_are_sampled_in_float32_and_left_untouched() -> None:
 def test_top_k_candidates_from_the_largest_logits_equal_the_threshold_scan(vocab: int) -> None:
     """The top-k fast path gives exactly the candidates of the threshold scan (values, ids,
     canonical order, counts), and declines rows whose k-th logit ties past k."""
-    from swiftlm.runner.sampler import _candidates, _top_k_candidates
+    from swiftlm.runner.token_draw import _candidates, _top_k_candidates
 
     gen = torch.Generator().manual_seed(11)
     used = declined = 0
@@ -384,7 +384,7 @@ def test_top_k_candidates_from_the_largest_logits_equal_the_threshold_scan(vocab
 def test_one_draw_picks_only_columns_with_mass_and_column_0_of_an_empty_row() -> None:
     """The inverse-transform draw never lands on a column of probability 0 (before, between or after
     the others), even with uniforms at the ends of [0, 1); a row with no finite value picks column 0."""
-    from swiftlm.runner.sampler import _draw
+    from swiftlm.runner.token_draw import draw as _draw
 
     values = torch.tensor([[-math.inf, 0.0, -math.inf, 1.0, -math.inf], [-math.inf] * 5])
     for u in (0.0, 0.5, 1.0 - 2.0**-24):
