@@ -204,7 +204,7 @@ def _add_serve(sub: Any) -> None:
 # -- serve -------------------------------------------------------------------------------------
 def build_configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     """The engine and server configs that ``swiftlm serve`` flags describe (raises ConfigError)."""
-    from swiftlm.server.api_keys import read_api_key_file
+    from swiftlm.server.operations.api_keys import read_api_key_file
     from swiftlm.server.vllm_flags import check_vllm_flags, max_queue_wait, read_chat_template
 
     check_vllm_flags(args)

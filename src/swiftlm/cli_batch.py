@@ -67,7 +67,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
 def endpoint_of(data: bytes) -> str:
     """The job's endpoint: the url of the first line that names one of the two, else chat."""
-    from swiftlm.server.batch_api import BATCH_ENDPOINTS
+    from swiftlm.server.batch.api import BATCH_ENDPOINTS
 
     for raw in data.decode("utf-8", errors="replace").splitlines():
         try:
@@ -91,7 +91,7 @@ async def run_offline(
     from swiftlm.batch.store import BatchStore
     from swiftlm.config import ServerConfig
     from swiftlm.server.app import create_app
-    from swiftlm.server.batch_calls import InProcessCall
+    from swiftlm.server.batch.calls import InProcessCall
 
     app = create_app(engine, ServerConfig(enable_batch_api=False), model)
     store = BatchStore(state_dir)

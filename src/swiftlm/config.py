@@ -418,7 +418,7 @@ class ServerConfig:
     default_thinking: str | None = None
     thinking_rules_path: str | None = None
     auto_thinking_budget: int | None = None  # reasoning tokens when "auto" turned thinking on (None: no limit)
-    # the response cache (swiftlm.server.response_cache): None (off), "memory" or "sqlite:PATH"; entries
+    # the response cache (swiftlm.server.answer_cache.policy): None (off), "memory" or "sqlite:PATH"; entries
     # expire after response_cache_ttl_s (None: never) and the least recently used go beyond
     # response_cache_max_entries entries or response_cache_max_bytes bytes of stored answers
     response_cache: str | None = None

@@ -22,7 +22,7 @@ from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.llm import engine_config
 from swiftlm.server.app import create_app
-from swiftlm.server.connections import uvicorn_config
+from swiftlm.server.operations.connections import uvicorn_config
 from tests.conftest import ANSWER, REASONING, TINY_TIED, make_tiny_model  # noqa: F401 (ANSWER, REASONING: re-exported)
 
 

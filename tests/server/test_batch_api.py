@@ -217,7 +217,7 @@ def test_without_a_server_key_each_bearer_token_is_its_own_owner(start_server, t
 
 
 def test_a_storage_dir_serves_one_process_at_a_time(tmp_path) -> None:
-    from swiftlm.server.batch_api import BatchApi, StorageInUseError, default_storage_dir
+    from swiftlm.server.batch.api import BatchApi, StorageInUseError, default_storage_dir
 
     async def call(url, body, owner):
         return 200, {}

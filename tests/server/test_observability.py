@@ -22,7 +22,7 @@ from rich.console import Console
 
 from swiftlm.config import ServerConfig
 from swiftlm.server.app import create_app
-from swiftlm.server.device_metrics import NvmlCollector
+from swiftlm.server.operations.device_metrics import NvmlCollector
 from swiftlm.top.command import run_top
 from swiftlm.top.scrape import fetch
 from swiftlm.top.window import Window

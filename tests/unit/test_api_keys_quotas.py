@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from swiftlm.config import ApiKeySpec, ConfigError, ServerConfig
-from swiftlm.server.api_keys import parse_api_keys, read_api_key_file
-from swiftlm.server.auth import Caller, background_caller
 from swiftlm.server.errors import OpenAIError
-from swiftlm.server.quotas import RateLimits
+from swiftlm.server.operations.api_keys import parse_api_keys, read_api_key_file
+from swiftlm.server.operations.auth import Caller, background_caller
+from swiftlm.server.operations.quotas import RateLimits
 
 
 def test_key_file_lines_names_limits_and_comments(tmp_path) -> None:

@@ -12,8 +12,8 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from swiftlm.server.device_metrics import NvmlCollector
-from swiftlm.server.vllm_metric_names import WithVllmNames
+from swiftlm.server.operations.device_metrics import NvmlCollector
+from swiftlm.server.operations.vllm_metric_names import WithVllmNames
 from swiftlm.top.scrape import Scrape, TopError, fetch, metrics_url, parse
 from swiftlm.top.window import Window, bucket_delta, quantile
 
@@ -239,8 +239,8 @@ def fake_engine(device: str) -> SimpleNamespace:
 
 
 def test_a_cuda_engine_gets_the_gpu_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    from swiftlm.server import device_metrics
-    from swiftlm.server.metrics import ServerMetrics
+    from swiftlm.server.operations import device_metrics
+    from swiftlm.server.operations.metrics import ServerMetrics
 
     monkeypatch.setattr(device_metrics, "import_pynvml", lambda: FakeNvml(gpus=1))
     metrics = ServerMetrics("m", lambda: None)

@@ -9,12 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from swiftlm.core.generation import REASONING_EFFORT_BUDGETS
-from swiftlm.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    TokenizeRequest,
+from swiftlm.server.completions.chat_protocol import ChatCompletionRequest
+from swiftlm.server.completions.completion_protocol import CompletionRequest
+from swiftlm.server.completions.request_mapping import (
+    chat_messages,
+    sampling_params_from_chat,
+    thinking_enabled,
 )
-from swiftlm.server.request_mapping import chat_messages, sampling_params_from_chat, thinking_enabled
+from swiftlm.server.completions.tokenizer_protocol import TokenizeRequest
 
 USER = [{"role": "user", "content": "hi"}]
 EFFORTS = ["none", "minimal", "low", "medium", "high"]

@@ -17,16 +17,7 @@ from pydantic import ValidationError
 
 from swiftlm.engine.validation import RequestError, RequestLimits, validate_request
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.errors import (
-    OpenAIError,
-    bad_request,
-    error_body,
-    install_error_handlers,
-    too_many_requests,
-    unauthorized,
-    validation_failure,
-)
-from swiftlm.server.protocol import (
+from swiftlm.server.completions.chat_protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -34,21 +25,18 @@ from swiftlm.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChoiceLogprobs,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+)
+from swiftlm.server.completions.completion_protocol import (
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    DeltaMessage,
-    DetokenizeRequest,
-    ModelCard,
-    ModelList,
-    TokenizeRequest,
-    TokenLogprob,
-    TopLogprob,
-    UsageInfo,
 )
-from swiftlm.server.request_mapping import (
+from swiftlm.server.completions.request_mapping import (
     chat_messages,
     completion_prompts,
     logit_bias_ids,
@@ -58,6 +46,17 @@ from swiftlm.server.request_mapping import (
     template_tools,
     thinking_enabled,
 )
+from swiftlm.server.completions.tokenizer_protocol import DetokenizeRequest, TokenizeRequest
+from swiftlm.server.errors import (
+    OpenAIError,
+    bad_request,
+    error_body,
+    install_error_handlers,
+    too_many_requests,
+    unauthorized,
+    validation_failure,
+)
+from swiftlm.server.protocol import ModelCard, ModelList, UsageInfo
 
 QWEN3_GENERATION = {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [151645]}
 USER = [{"role": "user", "content": "hi"}]

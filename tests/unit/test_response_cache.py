@@ -10,17 +10,18 @@ from types import SimpleNamespace
 import pytest
 
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.cached_answers import (
+from swiftlm.server.answer_cache.answers import (
     chat_answer_from_chunks,
     chat_hit_events,
     completion_answer_from_chunks,
     completion_hit_events,
     parse_events,
 )
+from swiftlm.server.answer_cache.policy import ResponseCache, bypasses_cache, is_deterministic
+from swiftlm.server.answer_cache.store import MemoryStore, SqliteStore
+from swiftlm.server.completions.chat_protocol import ChatCompletionRequest
+from swiftlm.server.completions.completion_protocol import CompletionRequest
 from swiftlm.server.model_identity import model_identity
-from swiftlm.server.protocol import ChatCompletionRequest, CompletionRequest
-from swiftlm.server.response_cache import ResponseCache, bypasses_cache, is_deterministic
-from swiftlm.server.response_cache_store import MemoryStore, SqliteStore
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 8}
 
@@ -199,7 +200,7 @@ def test_completion_answer_round_trips_through_chunks() -> None:
 def test_a_stream_is_kept_only_when_it_completes() -> None:
     import asyncio
 
-    from swiftlm.server.cached_answers import recorded
+    from swiftlm.server.answer_cache.answers import recorded
 
     usage = 'data: {"choices": [], "usage": {"prompt_tokens": 1}}\n\n'
 

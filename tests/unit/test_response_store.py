@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swiftlm.server.response_store import ResponseStore, StoredResponse
+from swiftlm.server.responses.store import ResponseStore, StoredResponse
 
 
 def _record(rid: str, owner: str, created_at: int) -> StoredResponse:

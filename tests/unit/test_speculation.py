@@ -235,7 +235,7 @@ def test_serve_flag_reaches_the_engine_config(capsys: pytest.CaptureFixture[str]
 
 def test_metrics_expose_the_speculation_counters() -> None:
     from swiftlm.engine.engine import EngineStats
-    from swiftlm.server.metrics import ServerMetrics
+    from swiftlm.server.operations.metrics import ServerMetrics
 
     stats = EngineStats(1, 0, 0.1, 0, 0, 0, 0, 0, spec_num_drafts=4, spec_num_draft_tokens=12,
                         spec_num_accepted_tokens=7, spec_accepted_per_position=(4, 2, 1))
@@ -248,8 +248,8 @@ def test_metrics_expose_the_speculation_counters() -> None:
 
 
 def test_the_request_field_reaches_the_sampling_params() -> None:
-    from swiftlm.server.protocol import ChatCompletionRequest
-    from swiftlm.server.request_mapping import sampling_params_from_chat
+    from swiftlm.server.completions.chat_protocol import ChatCompletionRequest
+    from swiftlm.server.completions.request_mapping import sampling_params_from_chat
 
     def mapped(body: dict) -> int | None:
         req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **body})

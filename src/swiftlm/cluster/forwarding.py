@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from swiftlm.server.body_limit import replay_body
+from swiftlm.server.operations.body_limit import replay_body
 
 
 @dataclass(frozen=True, slots=True)

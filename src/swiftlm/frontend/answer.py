@@ -4,7 +4,7 @@ streamed, and the Responses API through it), ``LLM.record_turn`` and the CLI's c
 
 ``separate``: the reasoning is split from the answer (thinking on and a reasoning parser);
 otherwise it stays inline, as the model wrote it. ``parse_tools``: tool calls are read from the
-content (``swiftlm.server.tool_choice`` decides when); ``parallel``: more than one may be made.
+content (``swiftlm.server.completions.tool_choice`` decides when); ``parallel``: more than one may be made.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every front end forms its requests here: the server's chat and completions routes (and the
 Responses and Batch APIs, which run through them), ``LLM.generate`` / ``LLM.chat`` and the CLI (on
 ``LLM``). What differs between APIs is only how their fields map onto these arguments (the
-server's ``request_mapping``, ``tool_choice``, ``structured_mapping``); the rendering of a
+server's ``completions.request_mapping``, ``tool_choice``, ``structured_mapping``); the rendering of a
 conversation (chat template, thinking switch, a session's real token stream, tools), the
 tokenising of a text prompt and the one validation against the engine (``Engine.validate``) are
 the same code for all of them.

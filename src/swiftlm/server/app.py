@@ -8,13 +8,13 @@ from fastapi.responses import Response
 
 from swiftlm.config import ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
-from swiftlm.server.auth import CALLER, set_caller
-from swiftlm.server.batch_api import BatchApi
-from swiftlm.server.batch_calls import InProcessCall
-from swiftlm.server.body_limit import BodyLimit
+from swiftlm.server.batch.api import BatchApi
+from swiftlm.server.batch.calls import InProcessCall
 from swiftlm.server.errors import OpenAIError, install_error_handlers
 from swiftlm.server.openapi import install_openapi
-from swiftlm.server.response_store import ResponseStore
+from swiftlm.server.operations.auth import CALLER, set_caller
+from swiftlm.server.operations.body_limit import BodyLimit
+from swiftlm.server.responses.store import ResponseStore
 from swiftlm.server.routes import batches, chat, completions, debug, files, misc, responses, ui
 from swiftlm.server.state import ServerState
 

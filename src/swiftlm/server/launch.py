@@ -17,7 +17,7 @@ from swiftlm.config import EngineConfig, ServerConfig
 from swiftlm.engine.async_engine import AsyncEngine
 from swiftlm.engine.engine import Engine
 from swiftlm.server.app import create_app
-from swiftlm.server.connections import uvicorn_config
+from swiftlm.server.operations.connections import uvicorn_config
 
 logger = logging.getLogger("swiftlm.server")
 

@@ -23,10 +23,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from swiftlm.server.auth import OPEN_PATHS
-from swiftlm.server.batch_protocol import BatchCreateRequest
-from swiftlm.server.protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
-from swiftlm.server.responses_objects import ResponseStreamEvent
+from swiftlm.server.batch.protocol import BatchCreateRequest
+from swiftlm.server.completions.chat_protocol import ChatCompletionChunk
+from swiftlm.server.completions.completion_protocol import CompletionChunk
+from swiftlm.server.operations.auth import OPEN_PATHS
+from swiftlm.server.protocol import ErrorResponse
+from swiftlm.server.responses.objects import ResponseStreamEvent
 
 _DESCRIPTIONS = {
     400: "The request is invalid (malformed JSON, a field of the wrong type or out of range, a prompt too long)",
@@ -95,7 +97,7 @@ def _correct(operation: dict[str, Any], path: str) -> None:
         responses.setdefault("401", _error_entry(401, error))
     if "requestBody" in operation:
         responses.setdefault("413", _error_entry(413, error))
-    # the connection layer (swiftlm.server.connections) may answer any route: a request that did
+    # the connection layer (swiftlm.server.operations.connections) may answer any route: a request that did
     # not arrive in time, a connection over the limit
     responses.setdefault("408", _error_entry(408, error))
     responses.setdefault("503", _error_entry(503, error))

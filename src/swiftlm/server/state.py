@@ -17,14 +17,19 @@ from swiftlm.frontend.input_processor import InputProcessor
 from swiftlm.frontend.output_processor import RequestText
 from swiftlm.frontend.text_stream import TextStream
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.auth import Caller, KeyRing
-from swiftlm.server.batch_api import BatchApi, default_storage_dir
+from swiftlm.server.answer_cache.policy import (
+    ResponseCache,
+    cache_identity,
+    open_response_cache,
+    server_identity,
+)
+from swiftlm.server.batch.api import BatchApi, default_storage_dir
 from swiftlm.server.errors import OpenAIError, bad_request, not_found, service_unavailable, too_many_requests
-from swiftlm.server.metrics import ServerMetrics
 from swiftlm.server.model_identity import model_identity
-from swiftlm.server.quotas import RateLimits
-from swiftlm.server.response_cache import ResponseCache, cache_identity, open_response_cache, server_identity
-from swiftlm.server.response_store import ResponseStore
+from swiftlm.server.operations.auth import Caller, KeyRing
+from swiftlm.server.operations.metrics import ServerMetrics
+from swiftlm.server.operations.quotas import RateLimits
+from swiftlm.server.responses.store import ResponseStore
 from swiftlm.server.session_transcripts import SessionTranscripts
 from swiftlm.text.session_prompt import SessionPrompts
 from swiftlm.text.thinking_rules import ThinkingRules, load_thinking_rules

@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from swiftlm.batch.objects import BatchRecord
-from swiftlm.server.auth import session_scope
-from swiftlm.server.batch_api import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchApi
-from swiftlm.server.batch_protocol import BatchCreateRequest, BatchList, BatchObject
+from swiftlm.server.batch.api import BATCH_ENDPOINTS, COMPLETION_WINDOWS, BatchApi
+from swiftlm.server.batch.protocol import BatchCreateRequest, BatchList, BatchObject
 from swiftlm.server.errors import bad_request, not_found
 from swiftlm.server.openapi import error_responses, json_body
+from swiftlm.server.operations.auth import session_scope
 from swiftlm.server.routes.files import batch_api, list_page, owned_file, too_large
 
 router = APIRouter()

@@ -5,7 +5,7 @@ Reasoning reaches the client in both of the names clients read: ``reasoning`` (c
 ``reasoning_parser`` "none" the output is not split: ``<think>...</think>`` stays inline in
 ``content`` as the model wrote it and no reasoning field is sent, as vLLM without a parser.
 
-Tool calls (``swiftlm.server.tool_choice`` decides when they are parsed) are read from the answer
+Tool calls (``swiftlm.server.completions.tool_choice`` decides when they are parsed) are read from the answer
 after the reasoning is split off: ``message.tool_calls`` holds them, ``content`` the rest (null
 when nothing else was said), and ``finish_reason`` is "tool_calls" when calls were made and the
 model stopped by itself ("length" stays "length"). Streamed, a call is sent when it closes: one
@@ -28,17 +28,13 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.frontend.answer import AnswerStream, read_answer
 from swiftlm.frontend.text_stream import TextStream
-from swiftlm.server.auth import request_caller, session_scope
-from swiftlm.server.batch_calls import is_background
-from swiftlm.server.cache_lookup import answer_from_cache, cache_use
-from swiftlm.server.cached_answers import (
+from swiftlm.server.answer_cache.answers import (
     chat_answer_from_chunks,
     chat_hit_events,
 )
-from swiftlm.server.errors import OpenAIError, bad_request
-from swiftlm.server.openapi import error_responses, json_or_stream
-from swiftlm.server.outputs import chat_logprobs, reasoning_token_count, usage_of, vllm_prompt_logprobs
-from swiftlm.server.protocol import (
+from swiftlm.server.answer_cache.lookup import answer_from_cache, cache_use
+from swiftlm.server.batch.calls import is_background
+from swiftlm.server.completions.chat_protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -50,10 +46,14 @@ from swiftlm.server.protocol import (
     DeltaToolCall,
     FunctionCall,
     ToolCall,
-    UsageInfo,
-    new_id,
 )
-from swiftlm.server.request_mapping import (
+from swiftlm.server.completions.outputs import (
+    chat_logprobs,
+    reasoning_token_count,
+    usage_of,
+    vllm_prompt_logprobs,
+)
+from swiftlm.server.completions.request_mapping import (
     chat_messages,
     check_prompt_chars,
     request_priority,
@@ -62,9 +62,13 @@ from swiftlm.server.request_mapping import (
     template_tools,
     thinking_choice,
 )
+from swiftlm.server.completions.tool_choice import ToolPolicy, tool_policy
+from swiftlm.server.errors import OpenAIError, bad_request
+from swiftlm.server.openapi import error_responses, json_or_stream
+from swiftlm.server.operations.auth import request_caller, session_scope
+from swiftlm.server.protocol import UsageInfo, new_id
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
-from swiftlm.server.tool_choice import ToolPolicy, tool_policy
 from swiftlm.text.chat_template import ChatTemplateError
 from swiftlm.text.tools import ToolDelta
 

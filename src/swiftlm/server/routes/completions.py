@@ -18,31 +18,35 @@ from fastapi.responses import Response
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.frontend.text_stream import TextStream
-from swiftlm.server.auth import request_caller, session_scope
-from swiftlm.server.batch_calls import is_background
-from swiftlm.server.cache_lookup import answer_from_cache, cache_use
-from swiftlm.server.cached_answers import (
+from swiftlm.server.answer_cache.answers import (
     completion_answer_from_chunks,
     completion_hit_events,
 )
-from swiftlm.server.openapi import error_responses, json_or_stream
-from swiftlm.server.outputs import completion_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
-from swiftlm.server.protocol import (
+from swiftlm.server.answer_cache.lookup import answer_from_cache, cache_use
+from swiftlm.server.batch.calls import is_background
+from swiftlm.server.completions.completion_protocol import (
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
-    PromptLogprobs,
-    UsageInfo,
-    new_id,
 )
-from swiftlm.server.request_mapping import (
+from swiftlm.server.completions.outputs import (
+    completion_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    vllm_prompt_logprobs,
+)
+from swiftlm.server.completions.request_mapping import (
     check_prompt_chars,
     completion_prompts,
     request_priority,
     sampling_params_from_completion,
 )
+from swiftlm.server.completions.sampling_protocol import PromptLogprobs
+from swiftlm.server.openapi import error_responses, json_or_stream
+from swiftlm.server.operations.auth import request_caller, session_scope
+from swiftlm.server.protocol import UsageInfo, new_id
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
 

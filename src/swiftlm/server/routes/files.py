@@ -11,11 +11,11 @@ from fastapi import APIRouter, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 
 from swiftlm.batch.objects import FileRecord
-from swiftlm.server.auth import session_scope
-from swiftlm.server.batch_api import BatchApi
-from swiftlm.server.batch_protocol import FileDeleted, FileList, FileObject
+from swiftlm.server.batch.api import BatchApi
+from swiftlm.server.batch.protocol import FileDeleted, FileList, FileObject
 from swiftlm.server.errors import OpenAIError, bad_request, not_found
 from swiftlm.server.openapi import error_responses
+from swiftlm.server.operations.auth import session_scope
 from swiftlm.server.state import server_state
 
 router = APIRouter()

@@ -5,26 +5,23 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from swiftlm.server.auth import session_scope
-from swiftlm.server.errors import bad_request, not_found
-from swiftlm.server.openapi import error_responses
-from swiftlm.server.protocol import (
-    DetokenizeRequest,
-    DetokenizeResponse,
-    HealthStatus,
-    ModelCard,
-    ModelList,
-    SessionDeleted,
-    TokenizeRequest,
-    TokenizeResponse,
-)
-from swiftlm.server.request_mapping import (
+from swiftlm.server.completions.request_mapping import (
     chat_messages,
     check_token_ids,
     template_kwargs,
     template_tools,
     thinking_enabled,
 )
+from swiftlm.server.completions.tokenizer_protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from swiftlm.server.errors import bad_request, not_found
+from swiftlm.server.openapi import error_responses
+from swiftlm.server.operations.auth import session_scope
+from swiftlm.server.protocol import HealthStatus, ModelCard, ModelList, SessionDeleted
 from swiftlm.server.state import server_state
 from swiftlm.text.chat_template import ChatTemplateError
 

@@ -3,7 +3,7 @@ GET /v1/responses/{id}/input_items.
 
 A response is a chat turn (``swiftlm.server.routes.chat``: thinking, tools, structured output,
 sessions, rate limits) over the whole conversation: the stored conversation of
-``previous_response_id`` (``swiftlm.server.response_store``), then this request's input items, with
+``previous_response_id`` (``swiftlm.server.responses.store``), then this request's input items, with
 ``instructions`` as the system message first. A stored response's chain of turns shares one KV
 session (named by the chain's first response, scoped by the API key), so a turn that continues the
 last one computes only its new tokens; when the session is gone (evicted, expired, a restart) the
@@ -11,7 +11,7 @@ conversation is rendered fresh from the stored items. ``store: false`` keeps not
 session. Ids of responses that do not exist, have expired or belong to another key are a 404.
 
 With the response cache on (``--response-cache``), a deterministic response is answered from it like
-a chat completion (``swiftlm.server.cache_lookup``), keyed by the chat request it becomes (the whole
+a chat completion (``swiftlm.server.answer_cache.lookup``), keyed by the chat request it becomes (the whole
 conversation, instructions and tools included), whole or streamed, and stored as usual when
 ``store`` is true; a turn that continues a stored chain (``previous_response_id`` with ``store``)
 bypasses the cache, since its turn must reach the chain's session.
@@ -27,34 +27,34 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from swiftlm.core.outputs import RequestOutput
-from swiftlm.server.auth import request_caller, session_scope
-from swiftlm.server.cache_lookup import cache_use, lookup
-from swiftlm.server.cached_answers import (
+from swiftlm.server.answer_cache.answers import (
     chat_answer_from_chunks,
     chat_hit_events,
     hit_usage,
     nothing_to_abort,
     replayed,
 )
+from swiftlm.server.answer_cache.lookup import cache_use, lookup
 from swiftlm.server.errors import not_found, service_unavailable
 from swiftlm.server.openapi import error_responses, json_or_stream
+from swiftlm.server.operations.auth import request_caller, session_scope
 from swiftlm.server.protocol import UsageInfo, new_id
-from swiftlm.server.response_store import ResponseStore, StoredResponse
-from swiftlm.server.responses_items import (
+from swiftlm.server.responses.items import (
     chat_request,
     input_items,
     items_to_messages,
     output_items,
     response_object,
 )
-from swiftlm.server.responses_objects import (
+from swiftlm.server.responses.objects import (
     ResponseDeleted,
     ResponseItemList,
     ResponseObject,
     ResponseStreamEvent,
 )
-from swiftlm.server.responses_protocol import ResponsesRequest
-from swiftlm.server.responses_stream import response_events
+from swiftlm.server.responses.protocol import ResponsesRequest
+from swiftlm.server.responses.store import ResponseStore, StoredResponse
+from swiftlm.server.responses.stream import response_events
 from swiftlm.server.routes.chat import prepare_chat, stream_chat, whole_answer
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream

@@ -4,7 +4,7 @@ A request is admitted when its caller has sent fewer than ``rpm`` requests in th
 tokens charged in the window plus the request's prompt fit in ``tpm``. The prompt is charged at
 admission, generated tokens as they are produced, so a long stream counts while it runs. A refusal
 is a 429 with ``Retry-After``: the time until enough of the window has passed. Limits are per
-caller (``swiftlm.server.auth.Caller``), never global; Batch API lines are not limited here
+caller (``swiftlm.server.operations.auth.Caller``), never global; Batch API lines are not limited here
 (they wait at background priority instead).
 """
 
@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from swiftlm.server.auth import Caller
 from swiftlm.server.errors import OpenAIError, too_many_requests
+from swiftlm.server.operations.auth import Caller
 
 WINDOW_S = 60.0
 _MAX_IDLE_WINDOWS = 10_000  # windows kept for callers that used nothing lately (then dropped)

@@ -23,7 +23,7 @@ Decisions:
   budget > none (``resolve_thinking_budget``).
 - ``tool_choice: "none"`` leaves the tools out of the prompt, so the model is not offered them.
 - Structured output (``response_format``, vLLM's ``guided_*`` / ``structured_outputs``, llama.cpp's
-  ``grammar``): ``swiftlm.server.structured_mapping``, compiled and checked here (400 if bad).
+  ``grammar``): ``swiftlm.server.completions.structured_mapping``, compiled and checked here (400 if bad).
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ from typing import Any
 
 from swiftlm.core.generation import ThinkingChoice, resolve_thinking_budget, resolve_thinking_choice
 from swiftlm.sampling import SamplingParams
+from swiftlm.server.completions.chat_protocol import ChatCompletionRequest, ChatMessage
+from swiftlm.server.completions.completion_protocol import CompletionRequest
+from swiftlm.server.completions.sampling_protocol import BaseSamplingRequest
+from swiftlm.server.completions.structured_mapping import structured_output
+from swiftlm.server.completions.tokenizer_protocol import TokenizeRequest
 from swiftlm.server.errors import OpenAIError, bad_request
-from swiftlm.server.protocol import (
-    BaseSamplingRequest,
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    TokenizeRequest,
-)
-from swiftlm.server.structured_mapping import structured_output
 from swiftlm.text.thinking_rules import ThinkingRules, last_user_text
 
 DEFAULT_MAX_N = 16

@@ -16,10 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from swiftlm.server.completions.chat_protocol import ChatCompletionRequest
 from swiftlm.server.errors import bad_request, validation_failure
-from swiftlm.server.protocol import ChatCompletionRequest, UsageInfo, new_id
-from swiftlm.server.responses_objects import ResponseObject
-from swiftlm.server.responses_protocol import InputItem, ResponsesRequest
+from swiftlm.server.protocol import UsageInfo, new_id
+from swiftlm.server.responses.objects import ResponseObject
+from swiftlm.server.responses.protocol import InputItem, ResponsesRequest
 
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 

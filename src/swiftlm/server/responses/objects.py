@@ -1,7 +1,7 @@
 """The Responses API's answers in OpenAI's shapes: the response object (as answered, stored and
 retrieved), its ``output`` items (``reasoning``, ``message`` with ``output_text``,
-``function_call``), ``usage``, a stream's events (``swiftlm.server.responses_stream``), and the
-stored responses' routes' bodies. The requests: ``swiftlm.server.responses_protocol``."""
+``function_call``), ``usage``, a stream's events (``swiftlm.server.responses.stream``), and the
+stored responses' routes' bodies. The requests: ``swiftlm.server.responses.protocol``."""
 
 from __future__ import annotations
 

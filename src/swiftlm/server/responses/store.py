@@ -7,7 +7,7 @@ instructions, which a later turn does not inherit), so ``previous_response_id`` 
 after the KV cache let the session go or the server restarted. ``chain`` names the conversation's
 first response: the turns of one chain share a KV session.
 
-Rows belong to an owner (the API key's scope, ``swiftlm.server.auth.session_scope``): another
+Rows belong to an owner (the API key's scope, ``swiftlm.server.operations.auth.session_scope``): another
 owner's id reads as absent. Rows older than the retention are never served, and are deleted when
 the database is opened (on first use) and whenever a response is stored.
 """

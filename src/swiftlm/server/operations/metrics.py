@@ -16,9 +16,9 @@ from prometheus_client.registry import Collector
 from swiftlm.batch.runner import BatchCounts
 from swiftlm.core.outputs import RequestMetrics
 from swiftlm.engine.engine import Engine, EngineStats
-from swiftlm.server.device_metrics import BackendPlan, DeviceCollector, NvmlCollector
-from swiftlm.server.response_cache import CacheStats
-from swiftlm.server.vllm_metric_names import WithVllmNames
+from swiftlm.server.answer_cache.policy import CacheStats
+from swiftlm.server.operations.device_metrics import BackendPlan, DeviceCollector, NvmlCollector
+from swiftlm.server.operations.vllm_metric_names import WithVllmNames
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swiftlm.core.structured import StructuredOutput
+from swiftlm.server.completions.chat_protocol import ChatCompletionRequest, NamedToolChoice
+from swiftlm.server.completions.structured_mapping import tool_call_constraint
 from swiftlm.server.errors import bad_request
-from swiftlm.server.protocol import ChatCompletionRequest, NamedToolChoice
-from swiftlm.server.structured_mapping import tool_call_constraint
 
 
 @dataclass(frozen=True, slots=True)

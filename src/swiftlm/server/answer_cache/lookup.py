@@ -1,5 +1,5 @@
 """The response cache as the routes use it: whether a request may be cached, its key, and
-storing what it answered (``swiftlm.server.response_cache`` holds the policy)."""
+storing what it answered (``swiftlm.server.answer_cache.policy`` holds the policy)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.auth import Caller, request_caller
-from swiftlm.server.cached_answers import nothing_to_abort, recorded, replayed, stored_answer, whole_hit
-from swiftlm.server.protocol import BaseSamplingRequest
-from swiftlm.server.response_cache import CACHE_HEADER, ResponseCache, bypasses_cache, is_deterministic
+from swiftlm.server.answer_cache.answers import nothing_to_abort, recorded, replayed, stored_answer, whole_hit
+from swiftlm.server.answer_cache.policy import CACHE_HEADER, ResponseCache, bypasses_cache, is_deterministic
+from swiftlm.server.completions.sampling_protocol import BaseSamplingRequest
+from swiftlm.server.operations.auth import Caller, request_caller
 from swiftlm.server.state import ServerState
 from swiftlm.server.streaming import EventStream
 
 if TYPE_CHECKING:
-    from swiftlm.server.responses_protocol import ResponsesRequest
+    from swiftlm.server.responses.protocol import ResponsesRequest
 
 # (stored answer, request id, include_usage) -> the stream's events: how a route replays a hit
 HitEvents = Callable[[dict[str, Any], str, bool], Iterator[str]]

@@ -1,7 +1,7 @@
 """Where the response cache keeps its entries: in memory, or in a SQLite file that outlives the process.
 
 Both stores hold ``key -> (value bytes, stored_at)`` with a last-use time for LRU order; the policy
-(TTL, which entries to drop) is ``swiftlm.server.response_cache.ResponseCache``'s. Times are wall
+(TTL, which entries to drop) is ``swiftlm.server.answer_cache.policy.ResponseCache``'s. Times are wall
 clock seconds (``time.time()``): a SQLite entry's age must mean the same after a restart.
 
 A SQLite file that is not a database, or whose table is damaged, is deleted and made anew with a

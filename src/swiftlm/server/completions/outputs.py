@@ -5,15 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
-from swiftlm.server.protocol import (
-    ChoiceLogprobs,
-    CompletionLogprobs,
-    PromptLogprob,
-    PromptLogprobs,
-    TokenLogprob,
-    TopLogprob,
-    UsageInfo,
-)
+from swiftlm.server.completions.chat_protocol import ChoiceLogprobs, TokenLogprob, TopLogprob
+from swiftlm.server.completions.completion_protocol import CompletionLogprobs
+from swiftlm.server.completions.sampling_protocol import PromptLogprob, PromptLogprobs
+from swiftlm.server.protocol import UsageInfo
 from swiftlm.text.tokenizer import Tokenizer
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from swiftlm.batch.objects import STATUSES
-from swiftlm.server.batch_api import BATCH_ENDPOINTS
+from swiftlm.server.batch.api import BATCH_ENDPOINTS
 
 BatchEndpoint = Literal[BATCH_ENDPOINTS]  # type: ignore[valid-type]
 BatchStatus = Literal[STATUSES]  # type: ignore[valid-type]

@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi import Request
 
-from swiftlm.server.auth import CALLER, background_caller
-from swiftlm.server.body_limit import replay_body
+from swiftlm.server.operations.auth import CALLER, background_caller
+from swiftlm.server.operations.body_limit import replay_body
 
 BACKGROUND = "swiftlm.background"  # ASGI scope key: the request is a Batch API line
 

@@ -11,7 +11,7 @@ false, ``include`` [], ``reasoning.summary`` (the thinking is returned whole as 
 obfuscation padding). Extensions, as on chat: ``enable_thinking``, ``chat_template_kwargs``,
 ``top_k``, ``seed``, ``num_speculative_tokens``, ``cache`` (top-level or nested in ``extra_body``).
 
-What the server answers: ``swiftlm.server.responses_objects``.
+What the server answers: ``swiftlm.server.responses.objects``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Off by default (``--response-cache memory|sqlite:PATH``). What it keeps and when
   quantisation, dtype, template, sampling defaults) together with the server settings that shape
   an answer (thinking defaults and rules, parsers), and the caller's API key scope: an entry is
   private to the key that made it.
-- What is stored: the whole answer in the non-streamed format (``swiftlm.server.cached_answers``
+- What is stored: the whole answer in the non-streamed format (``swiftlm.server.answer_cache.answers``
   assembles it from a streamed miss), so a streamed hit and a whole hit come from one entry.
 - Limits: entries older than the TTL are not served; beyond ``max_entries`` entries or
   ``max_bytes`` bytes the least recently used go.
@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from swiftlm.config import ServerConfig
 from swiftlm.sampling import SamplingParams
-from swiftlm.server.response_cache_store import CacheStore, MemoryStore, SqliteStore
+from swiftlm.server.answer_cache.store import CacheStore, MemoryStore, SqliteStore
 
 CACHE_HEADER = "x-swiftlm-cache"
 # request fields that cannot change the answer, left out of the key

@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from swiftlm.server.protocol import UsageInfo, new_id
-from swiftlm.server.responses_items import function_call_item, message_item, reasoning_item
-from swiftlm.server.responses_objects import ResponseObject
+from swiftlm.server.responses.items import function_call_item, message_item, reasoning_item
+from swiftlm.server.responses.objects import ResponseObject
 
 # (output items, finish reason, usage) -> the final response object (stored by the caller)
 Finish = Callable[[list[dict[str, Any]], str | None, UsageInfo], ResponseObject]

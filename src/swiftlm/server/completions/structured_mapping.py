@@ -18,8 +18,8 @@ from typing import Any
 
 from swiftlm.core.structured import StructuredOutput, from_vllm, grammar_syntax_of
 from swiftlm.runner.structured import StructuredOutputError, check
+from swiftlm.server.completions.sampling_protocol import BaseSamplingRequest
 from swiftlm.server.errors import bad_request
-from swiftlm.server.protocol import BaseSamplingRequest
 
 COMPILE_TIME_LIMIT_S = 10.0
 

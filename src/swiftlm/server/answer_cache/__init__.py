@@ -1,0 +1,1 @@
+"""The exact-match response cache: its policy, store, stored answers and the routes' lookup."""

@@ -1,0 +1,1 @@
+"""Chat and legacy completions (and /tokenize): wire models, request mapping, tools, outputs."""

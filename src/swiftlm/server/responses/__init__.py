@@ -1,0 +1,1 @@
+"""The Responses API: wire models, items over chat, streamed events, stored responses."""
