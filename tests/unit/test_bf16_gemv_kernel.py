@@ -32,7 +32,7 @@ def test_kernel_loads_on_avx2_machines() -> None:
     assert load_bf16_gemv() is not None
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 16, 23, 70])  # passes of 4 rows, every remainder; GEMM
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 16, 18, 19, 20, 21, 23, 70])  # passes of 4 rows, every remainder; GEMM blocks of 6, every last-block size
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (64, 96), (130, 1024), (4, 3072)])
 def test_gemv_matches_float64(gemv, m: int, n: int, k: int) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n + k)
