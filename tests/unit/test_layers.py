@@ -1,7 +1,7 @@
 """The package's layers, read from its imports: every import runs down the layers, none runs in a
 cycle, and no kernel loader is imported outside ``backends/``.
 
-    cli, cli_batch, bench, top (and the package facade)  >  server, batch, cluster, llm, plain (front ends)
+    cli, cli_serve, cli_batch, bench, top (and the package facade)  >  server, batch, cluster, llm, plain (front ends)
     >  frontend  >  engine  >  runner  >  backends, model  >  cache, text, core (and config, sampling, platform, threads)
 
 Every import counts: at module level, inside functions, and under ``TYPE_CHECKING``.
@@ -18,7 +18,7 @@ import swiftlm
 
 ROOT = Path(swiftlm.__file__).parent
 LAYERS: list[set[str]] = [
-    {"__init__", "__main__", "cli", "cli_batch", "bench", "top"},
+    {"__init__", "__main__", "cli", "cli_batch", "cli_serve", "bench", "top"},
     {"server", "batch", "cluster", "llm", "plain"},
     {"frontend"},
     {"engine"},
