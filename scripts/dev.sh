@@ -57,7 +57,7 @@ if [ "$command" = test ]; then
     # other worker needs.
     cores="$(python -c 'from swiftlm.threads import physical_cores; print(max(1, physical_cores()))')"
     OMP_NUM_THREADS="$cores" OMP_PROC_BIND=false OMP_WAIT_POLICY=passive python -m pytest -q -n "$cores" \
-        --dist loadfile -m "not slow and not browser and not serial"
-    exec python -m pytest -q -m "serial and not slow"
+        --dist loadfile -m "not slow and not browser and not serial" --durations=10
+    exec python -m pytest -q -m "serial and not slow" --durations=3
 fi
 exec swiftlm serve "$@"
