@@ -24,6 +24,21 @@ SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
          "tie_word_embeddings": True}
 
 
+ROLES = {  # what each module on the road is for (prefixes; the first that matches)
+    "swiftlm.server.routes": "route", "swiftlm.server.state": "route",
+    "swiftlm.server.completions": "the API's field mapping", "swiftlm.server.protocol": "data types",
+    "swiftlm.server.operations": "server policy (keys, limits)", "swiftlm.server.answer_cache": "server policy (answer cache)",
+    "swiftlm.frontend.input_processor": "input processor", "swiftlm.frontend": "output processor (set up at submit)",
+    "swiftlm.text.detokenizer": "output processor (set up at submit)", "swiftlm.text": "text services (template, tokens)",
+    "swiftlm.core": "data types", "swiftlm.sampling": "data types",
+    "swiftlm.engine.async_engine": "engine driver", "swiftlm.engine": "engine",
+}
+
+
+def role(module: str) -> str:
+    return next((r for prefix, r in ROLES.items() if module == prefix or module.startswith(prefix + ".")), "other")
+
+
 class PathTrace:
     """Swiftlm modules called between the route handler's start and the scheduler's add."""
 
@@ -93,7 +108,11 @@ def main() -> int:
     print(f"swiftlm from {Path(swiftlm.__file__).parent}")
     print(f"reached the scheduler's add: {trace.done}")
     for name in trace.modules:
-        print(f"  {name}")
+        print(f"  {name}  ({role(name)})")
+    roles: dict[str, int] = {}
+    for name in trace.modules:
+        roles[role(name)] = roles.get(role(name), 0) + 1
+    print("by role: " + ", ".join(f"{r} {n}" for r, n in roles.items()))
     print(f"modules: {len(trace.modules)}; engine/engine.py: {len(engine_py.read_text().splitlines())} lines")
     return 0 if trace.done else 1
 

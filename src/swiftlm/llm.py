@@ -22,7 +22,7 @@ from swiftlm.core.generation import GenerationRequest, resolve_thinking
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
 from swiftlm.frontend.answer import read_answer
-from swiftlm.frontend.input_processor import InputProcessor
+from swiftlm.frontend.input_processor import ChatInput, InputProcessor
 from swiftlm.frontend.output_processor import OutputProcessor
 from swiftlm.sampling import SamplingParams
 from swiftlm.text.session_prompt import SessionPrompts
@@ -130,7 +130,8 @@ class LLM:
         self.engine = Engine(engine_config(model, dtype, device, **engine_kwargs), backend)
         self.tokenizer = self.engine.tokenizer
         self._session_prompts = SessionPrompts(self.tokenizer, self.engine.session_tokens)
-        self.inputs = InputProcessor(self.tokenizer, self._session_prompts, self.engine.validate)
+        self.inputs = InputProcessor(self.tokenizer, self._session_prompts, self.engine.validate,
+                                     self.engine.max_model_len)
         self._outputs = OutputProcessor(self.tokenizer)  # the engine's token ids -> text
         self._ids = count()
 
@@ -170,15 +171,15 @@ class LLM:
     ) -> RequestOutput:
         """One chat turn; thinking as in ``chat_prompt``. With ``session_id``, ``messages`` may be
         the whole conversation or only the new messages (appended to the session's transcript;
-        see ``swiftlm.text.session_prompt``); ``close_session`` starts over."""
+        see ``swiftlm.text.session_prompt``); ``close_session`` starts over. The turn is formed as
+        the server forms its chat requests (``InputProcessor.chat_turn``)."""
+        chat = ChatInput(messages, sampling_params or self.default_sampling_params(), enable_thinking=enable_thinking,
+                         template_kwargs=chat_template_kwargs, tools=tools, session_id=session_id)
+        turn = self.inputs.chat_turn(str(next(self._ids)), chat, final_only=True)  # RequestError: a ValueError
+        self._add(turn.request)
+        out = self._run([turn.request.request_id], False)[0]
         if session_id is not None:
-            messages = self.inputs.conversation(session_id, messages)
-        prompt = self.chat_prompt(
-            messages, chat_template_kwargs, tools, session_id, enable_thinking=enable_thinking
-        )
-        out = self.generate(prompt, sampling_params, use_tqdm=False, session_ids=[session_id])[0]
-        if session_id is not None:
-            self.record_turn(session_id, messages, prompt, out, tools)
+            self.record_turn(session_id, turn.messages, {"thinking": turn.thinking.thinking}, out, tools)
         return out
 
     def record_turn(

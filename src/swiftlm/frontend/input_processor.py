@@ -3,10 +3,13 @@
 Every front end forms its requests here: the server's chat and completions routes (and the
 Responses and Batch APIs, which run through them), ``LLM.generate`` / ``LLM.chat`` and the CLI (on
 ``LLM``). What differs between APIs is only how their fields map onto these arguments (the
-server's ``completions.request_mapping``, ``tool_choice``, ``structured_mapping``); the rendering of a
-conversation (chat template, thinking switch, a session's real token stream, tools), the
-tokenising of a text prompt and the one validation against the engine (``Engine.validate``) are
-the same code for all of them.
+server's ``completions.request_mapping``, ``tool_choice``, ``structured_mapping``: an API's wire
+format stays in its room of the server); a chat turn (``chat_turn``: the conversation with a
+session's transcript, the thinking decision, the chat template over a session's real token stream,
+the tools, the length left in the context window, a tool constraint, an automatic thinking budget),
+the tokenising of a text prompt and the one validation against the engine (``Engine.validate``)
+are the same code for all of them. Whatever a caller must change is a ``RequestError`` naming the
+field.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swiftlm.core.generation import GenerationRequest
+from swiftlm.core.generation import GenerationRequest, ThinkingChoice, resolve_thinking_choice
+from swiftlm.core.structured import StructuredOutput
+from swiftlm.engine.validation import RequestError
 from swiftlm.sampling import SamplingParams
+from swiftlm.text.chat_template import ChatTemplateError
 from swiftlm.text.session_prompt import SessionPrompts
+from swiftlm.text.thinking_rules import ThinkingRules, last_user_text
 from swiftlm.text.tokenizer import Tokenizer
 
 Validate = Callable[[Sequence[int], SamplingParams], None]  # raises RequestError (``Engine.validate``)
@@ -33,11 +40,95 @@ class ChatPrompt:
     thinking: bool
 
 
+@dataclass(frozen=True, slots=True)
+class ChatDefaults:
+    """What a front end fills in where a chat turn leaves it open: the server's flags (``LLM``: none)."""
+
+    template_kwargs: Mapping[str, Any] | None = None  # --default-chat-template-kwargs
+    thinking: str | None = None  # --default-thinking
+    thinking_rules: ThinkingRules | None = None  # how "auto" decides (--thinking-rules)
+    auto_thinking_budget: int | None = None  # the budget of a turn "auto" turned thinking on for
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInput:
+    """One chat turn as an API states it, its fields mapped onto the engine's terms."""
+
+    messages: list[dict[str, Any]]  # the new messages, plain dicts for the chat template
+    params: SamplingParams  # max_tokens None: up to the end of the context window
+    enable_thinking: bool | str | None = None  # the top-level switch (True, False, "auto")
+    template_kwargs: Mapping[str, Any] | None = None  # the request's chat_template_kwargs
+    reasoning_effort: str | None = None
+    tools: list[dict[str, Any]] | None = None  # offered in the prompt
+    tool_constraint: StructuredOutput | None = None  # the answer must be tool calls (tool_choice)
+    session_id: str | None = None
+    session_reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    """A chat turn ready for the engine: its request, and what recording the turn needs afterwards."""
+
+    request: GenerationRequest
+    messages: list[dict[str, Any]]  # the whole conversation (a session's transcript + the new messages)
+    tools: list[dict[str, Any]] | None
+    thinking: ThinkingChoice
+
+
 class InputProcessor:
-    def __init__(self, tokenizer: Tokenizer, session_prompts: SessionPrompts, validate: Validate) -> None:
+    def __init__(self, tokenizer: Tokenizer, session_prompts: SessionPrompts, validate: Validate,
+                 max_model_len: int, chat_defaults: ChatDefaults | None = None) -> None:
         self.tokenizer = tokenizer
         self.session_prompts = session_prompts
         self._validate = validate
+        self.max_model_len = max_model_len
+        self.chat_defaults = chat_defaults or ChatDefaults()
+
+    def chat_turn(self, request_id: str, chat: ChatInput, *, stream: bool = False, final_only: bool = False,
+                  priority: int = 0, background: bool = False) -> PreparedChat:
+        """The engine's request for one chat turn, decided and checked here for every API (see the
+        module's docstring). Raises RequestError with the field it is about."""
+        messages = self.conversation(chat.session_id, chat.messages, reset=chat.session_reset)
+        defaults = self.chat_defaults
+        rules = defaults.thinking_rules
+        decide = (lambda: rules.decide(last_user_text(messages)).thinking) if rules is not None else None
+        try:
+            choice = resolve_thinking_choice(
+                enable_thinking=chat.enable_thinking, template_kwargs=chat.template_kwargs,
+                reasoning_effort=chat.reasoning_effort, default_template_kwargs=defaults.template_kwargs,
+                default_thinking=defaults.thinking, decide_auto=decide,
+                can_think=self.tokenizer.think_end_id is not None,
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc), param="enable_thinking") from exc
+        kwargs = {**(defaults.template_kwargs or {}), **(chat.template_kwargs or {})}
+        try:
+            rendered = self.chat(messages, choice.thinking, kwargs, chat.tools, chat.session_id)
+        except ChatTemplateError as exc:
+            raise RequestError(f"the chat template could not render these messages: {exc}", param="messages") from exc
+        params, changes = chat.params, {}
+        if params.max_tokens is None:  # what the context window leaves after the prompt (at least 1)
+            changes["max_tokens"] = max(self.max_model_len - len(rendered.token_ids), 1)
+        if chat.tool_constraint is not None:
+            if params.structured_outputs is not None:
+                raise RequestError(
+                    "tool_choice required or a named function constrains the answer to tool calls, and so does "
+                    "response_format (or structured outputs); give one of them", param="tool_choice",
+                )
+            changes["structured_outputs"] = chat.tool_constraint
+        if (choice.auto and choice.thinking and params.thinking_budget is None
+                and defaults.auto_thinking_budget is not None):
+            changes["thinking_budget"] = defaults.auto_thinking_budget
+        if changes:
+            try:
+                params = params.with_updates(**changes)
+            except ValueError as exc:
+                raise RequestError(str(exc)) from exc
+        request = self.request(
+            request_id, rendered.token_ids, params, prompt=rendered.text, thinking=choice.thinking,
+            session_id=chat.session_id, stream=stream, final_only=final_only, priority=priority, background=background,
+        )
+        return PreparedChat(request, messages, chat.tools, choice)
 
     def conversation(self, session_id: str | None, messages: list[dict[str, Any]],
                      reset: bool = False) -> list[dict[str, Any]]:

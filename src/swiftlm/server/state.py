@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from swiftlm.core.generation import GenerationRequest
 from swiftlm.engine.async_engine import AsyncEngine, EngineDeadError
 from swiftlm.engine.engine import EngineStats, RequestError
 from swiftlm.engine.scheduler import QueueFullError
-from swiftlm.frontend.input_processor import InputProcessor
+from swiftlm.frontend.input_processor import ChatDefaults, ChatInput, InputProcessor, PreparedChat
 from swiftlm.frontend.output_processor import RequestText
 from swiftlm.frontend.text_stream import TextStream
 from swiftlm.sampling import SamplingParams
@@ -71,7 +73,11 @@ class ServerState:
         if self.config.batch_storage_shared:  # replicas: transcripts where every replica reads them
             transcripts = SessionTranscripts(self.storage_dir, engine.engine.config.cache.session_ttl)
         self.session_prompts = SessionPrompts(engine.tokenizer, engine.session_tokens, transcripts=transcripts)
-        self.inputs = InputProcessor(engine.tokenizer, self.session_prompts, engine.engine.validate)
+        cfg = self.config
+        defaults = ChatDefaults(cfg.default_chat_template_kwargs, cfg.default_thinking, self.thinking_rules,
+                                cfg.auto_thinking_budget)
+        self.inputs = InputProcessor(engine.tokenizer, self.session_prompts, engine.engine.validate,
+                                     engine.engine.max_model_len, defaults)
         if self.config.response_cache is not None:
             server = server_identity(self.config, self.thinking_rules)
             self.response_cache = open_response_cache(self.config, cache_identity(model_identity(engine.engine), server))
@@ -135,8 +141,19 @@ class ServerState:
         refusal the 400 that names the field); ``prompt_param``: what this API calls the prompt
         ("messages", "prompt"). ``fields``: the rest of ``GenerationRequest``'s."""
         self.ready_engine()
-        try:
+        with self._refusals(prompt_param):
             return self.inputs.request(request_id, token_ids, params, **fields)
+
+    def chat_turn(self, request_id: str, chat: ChatInput, **fields: Any) -> PreparedChat:
+        """A chat turn made by the input processor (``InputProcessor.chat_turn``), its refusals 400s."""
+        self.ready_engine()
+        with self._refusals("messages"):
+            return self.inputs.chat_turn(request_id, chat, **fields)
+
+    @contextmanager
+    def _refusals(self, prompt_param: str) -> Iterator[None]:
+        try:
+            yield
         except RequestError as exc:
             self.metrics.observe_rejected("bad_request")
             param = prompt_param if exc.param == "prompt" else exc.param

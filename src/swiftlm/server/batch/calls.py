@@ -2,9 +2,9 @@
 what the same body sent to ``/v1/chat/completions`` (or ``/v1/completions``) returns, with the
 same validation, errors and response objects.
 
-The call goes through the ASGI app with a scope key (``BACKGROUND``) that no HTTP client can
-set: the endpoints submit such a request to the engine at background priority (batch lines wait
-for interactive traffic). Lines never stream: ``stream`` is dropped from the body.
+The call goes through the ASGI app with its caller in the scope (``CALLER``, a background caller
+that no HTTP client can be): the endpoints submit such a request to the engine at background
+priority (batch lines wait for interactive traffic). Lines never stream: ``stream`` is dropped from the body.
 """
 
 from __future__ import annotations
@@ -13,17 +13,8 @@ import asyncio
 import json
 from typing import Any
 
-from fastapi import Request
-
 from swiftlm.server.operations.auth import CALLER, background_caller
 from swiftlm.server.operations.body_limit import replay_body
-
-BACKGROUND = "swiftlm.background"  # ASGI scope key: the request is a Batch API line
-
-
-def is_background(request: Request) -> bool:
-    """Whether ``request`` is a Batch API line run in process (never true for HTTP clients)."""
-    return bool(request.scope.get(BACKGROUND))
 
 
 class InProcessCall:
@@ -41,7 +32,7 @@ class InProcessCall:
         scope = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
             "scheme": "http", "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
-            "headers": headers, "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), BACKGROUND: True,
+            "headers": headers, "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0),
             CALLER: background_caller(owner),
         }
 

@@ -16,7 +16,6 @@ answer, so the next request carrying the tool results continues the session.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,13 +26,13 @@ from fastapi.responses import Response
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput
 from swiftlm.frontend.answer import AnswerStream, read_answer
+from swiftlm.frontend.input_processor import ChatInput
 from swiftlm.frontend.text_stream import TextStream
 from swiftlm.server.answer_cache.answers import (
     chat_answer_from_chunks,
     chat_hit_events,
 )
 from swiftlm.server.answer_cache.lookup import answer_from_cache, cache_use
-from swiftlm.server.batch.calls import is_background
 from swiftlm.server.completions.chat_protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -58,18 +57,15 @@ from swiftlm.server.completions.request_mapping import (
     check_prompt_chars,
     request_priority,
     sampling_params_from_chat,
-    template_kwargs,
     template_tools,
-    thinking_choice,
 )
 from swiftlm.server.completions.tool_choice import ToolPolicy, tool_policy
-from swiftlm.server.errors import OpenAIError, bad_request
+from swiftlm.server.errors import OpenAIError
 from swiftlm.server.openapi import error_responses, json_or_stream
-from swiftlm.server.operations.auth import request_caller, session_scope
+from swiftlm.server.operations.auth import request_caller
 from swiftlm.server.protocol import UsageInfo, new_id
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
-from swiftlm.text.chat_template import ChatTemplateError
 from swiftlm.text.tools import ToolDelta
 
 router = APIRouter()
@@ -89,47 +85,31 @@ class ChatTurn:
 
 
 def prepare_chat(state: ServerState, req: ChatCompletionRequest, raw: Request) -> ChatTurn:
+    """The request's fields mapped (``completions.request_mapping``, ``tool_choice``), then the turn
+    made by the input processor (``InputProcessor.chat_turn``: conversation, thinking, template,
+    length, validation)."""
     engine = state.ready_engine()
     state.check_model(req.model)
-    tokenizer = engine.tokenizer
-    session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
+    caller = request_caller(raw)
     new_messages = chat_messages(req.messages)
     check_prompt_chars([str(m.get("content") or "") for m in new_messages], engine.max_model_len, "messages")
-    messages = state.inputs.conversation(session_key, new_messages, reset=req.session_reset)
-    defaults = state.config.default_chat_template_kwargs
-    choice = thinking_choice(
-        req, defaults, can_think=tokenizer.think_end_id is not None, default_thinking=state.config.default_thinking,
-        rules=state.thinking_rules, messages=messages,
-    )
-    thinking = choice.thinking
-    if choice.auto:
-        state.metrics.thinking_auto.labels(state.model_name, "on" if thinking else "off").inc()
     policy = tool_policy(req, state.config.tool_call_parser)
-    tools = template_tools(req)
-    kwargs = template_kwargs(req, defaults, thinking)
-    try:
-        rendered = state.inputs.chat(messages, thinking, kwargs, tools, session_key)
-    except ChatTemplateError as exc:
-        raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
-    room = engine.max_model_len - len(rendered.token_ids)
-    params = sampling_params_from_chat(
-        req, max(room, 1), tokenizer.generation_defaults, max_n=state.config.max_n,
+    chat = ChatInput(
+        new_messages,
+        sampling_params_from_chat(req, None, engine.tokenizer.generation_defaults, max_n=state.config.max_n),
+        enable_thinking=req.enable_thinking, template_kwargs=req.chat_template_kwargs,
+        reasoning_effort=req.reasoning_effort, tools=template_tools(req), tool_constraint=policy.constraint,
+        session_id=f"{caller.scope}/{req.session_id}" if req.session_id else None, session_reset=req.session_reset,
     )
-    if policy.constraint is not None:
-        if params.structured_outputs is not None:
-            raise bad_request(
-                "tool_choice required or a named function constrains the answer to tool calls, and so does "
-                "response_format (or structured outputs); give one of them", param="tool_choice",
-            )
-        params = dataclasses.replace(params, structured_outputs=policy.constraint)
-    if choice.auto and thinking and params.thinking_budget is None and state.config.auto_thinking_budget is not None:
-        params = dataclasses.replace(params, thinking_budget=state.config.auto_thinking_budget)
-    request = state.request(
-        new_id("chatcmpl-"), rendered.token_ids, params, "messages", prompt=rendered.text, thinking=thinking,
-        session_id=session_key, stream=req.stream, final_only=not req.stream,
-        priority=request_priority(req.priority, state.scheduling_policy), background=is_background(raw),
+    turn = state.chat_turn(
+        new_id("chatcmpl-"), chat, stream=req.stream, final_only=not req.stream,
+        priority=request_priority(req.priority, state.scheduling_policy), background=caller.background,
     )
-    return ChatTurn(request, messages, tools, thinking and state.config.reasoning_parser != "none", policy, choice.label)
+    choice = turn.thinking
+    if choice.auto:
+        state.metrics.thinking_auto.labels(state.model_name, "on" if choice.thinking else "off").inc()
+    separate = choice.thinking and state.config.reasoning_parser != "none"
+    return ChatTurn(turn.request, turn.messages, turn.tools, separate, policy, choice.label)
 
 
 @router.post(

@@ -23,7 +23,6 @@ from swiftlm.server.answer_cache.answers import (
     completion_hit_events,
 )
 from swiftlm.server.answer_cache.lookup import answer_from_cache, cache_use
-from swiftlm.server.batch.calls import is_background
 from swiftlm.server.completions.completion_protocol import (
     CompletionChoice,
     CompletionChunk,
@@ -45,7 +44,7 @@ from swiftlm.server.completions.request_mapping import (
 )
 from swiftlm.server.completions.sampling_protocol import PromptLogprobs
 from swiftlm.server.openapi import error_responses, json_or_stream
-from swiftlm.server.operations.auth import request_caller, session_scope
+from swiftlm.server.operations.auth import request_caller
 from swiftlm.server.protocol import UsageInfo, new_id
 from swiftlm.server.state import ServerState, output_error, server_state, stream_failure
 from swiftlm.server.streaming import EventStream
@@ -63,8 +62,9 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
     state.check_model(req.model)
     tokenizer = engine.tokenizer
     request_id = new_id("cmpl-")
+    caller = request_caller(raw)  # a Batch API line's is its job's owner, at background priority
     # scoped by the caller's key, as chat's and DELETE /v1/sessions/{id}'s
-    session_key = f"{session_scope(raw)}/{req.session_id}" if req.session_id else None
+    session_key = f"{caller.scope}/{req.session_id}" if req.session_id else None
     prepared: list[GenerationRequest] = []
     prompts = completion_prompts(req)
     for prompt in prompts:  # each prompt has a context window of its own
@@ -80,9 +80,8 @@ async def create_completion(req: CompletionRequest, raw: Request) -> Response:
         prepared.append(state.request(
             request_id if len(prompts) == 1 else f"{request_id}-p{i}", ids, params, "prompt", prompt=text,
             session_id=session_key, stream=req.stream, final_only=not req.stream, priority=priority,
-            background=is_background(raw),
+            background=caller.background,
         ))
-    caller = request_caller(raw)
     use = cache_use(state, req, raw, "completions", prepared[0].sampling_params)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     hit = answer_from_cache(state, use, caller, req.stream, request_id, include_usage, completion_hit_events)
