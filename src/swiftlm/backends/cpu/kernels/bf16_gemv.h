@@ -166,8 +166,14 @@ constexpr int64_t ROW_BLOCK = 64;
 // 2 GM FMAs, where the GEMV's passes widen both operands for every 4 rows x 2 channels. Each output is
 // one float32 chain over k ascending (the GEMV's are 8 partial sums), rounded once to bf16: a row's
 // bits may differ between calls of fewer and of GEMM_MIN_ROWS or more rows, as they already do where
-// oneDNN takes the larger calls.
-constexpr int64_t GEMM_MIN_ROWS = 16;
+// oneDNN takes the larger calls. Where the GEMM starts: at few rows its per-panel packing is paid for
+// by few blocks, and the GEMV's passes are faster. On a 2-core Zen3 VM (AVX2), the four Qwen3-0.6B
+// linears summed, GFLOP/s GEMM against GEMV, two builds interleaved in one process, medians of 5:
+// 16 rows 63 / 85, 20: 67 / 84, 24: 74 / 82, 32: 70 / 75, 40: 89 / 89, 48: 94 / 88 (BENCHMARKS.md).
+#ifndef SWIFTLM_GEMM_MIN_ROWS  // a build for A/B runs may move it (-DSWIFTLM_GEMM_MIN_ROWS=n)
+#define SWIFTLM_GEMM_MIN_ROWS 40
+#endif
+constexpr int64_t GEMM_MIN_ROWS = SWIFTLM_GEMM_MIN_ROWS;
 constexpr int GM = 6;   // rows of a register block: 12 accumulators, 2 panel vectors, a broadcast
 constexpr int GN = 16;  // output channels of a panel: two vectors of 8
 

@@ -1,5 +1,5 @@
 // bf16 x bf16 -> bf16 linear layer for a few rows (decode), on x86 CPUs with AVX512-BF16, or with
-// AVX2 + FMA (op torch.ops.swiftlm_bf16.gemv; there also a float32 GEMM for calls of 16 rows or more,
+// AVX2 + FMA (op torch.ops.swiftlm_bf16.gemv; there also a float32 GEMM for calls of 40 rows or more,
 // prefill chunks among them). The kernel itself is in bf16_gemv.h, which has both.
 //
 //   y[m, n] = bf16( sum_k x[m, k] * w[n, k] )     x [M, K], w [N, K] row-major (nn.Linear's layout)

@@ -1,5 +1,5 @@
 """bf16 GEMV for decode on x86 CPUs (``bf16_linear_cpu.cpp``): vdpbf16ps where the CPU has AVX512-BF16,
-else AVX2 + FMA, with a float32 GEMM for calls of 16 rows or more there (the instruction set follows
+else AVX2 + FMA, with a float32 GEMM for calls of 40 rows or more there (the instruction set follows
 the CPU's flags at build time, ``-march=native``).
 
 ``load_bf16_gemv()`` returns the compiled op ``gemv(x [M, K] bf16, weight [N, K] bf16) -> [M, N]``
