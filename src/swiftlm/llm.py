@@ -18,7 +18,7 @@ from swiftlm.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from swiftlm.core.generation import GenerationRequest, resolve_thinking
+from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.engine.engine import Engine
 from swiftlm.frontend.answer import read_answer
@@ -231,15 +231,12 @@ class LLM:
     ) -> dict[str, Any]:
         """The prompt ``chat`` sends: text, token ids (extending the session's real token stream
         when there is one, see ``swiftlm.text.session_prompt``) and ``thinking``, whether it opens a
-        reasoning section: ``resolve_thinking`` of ``enable_thinking`` (the top-level switch) and
-        ``chat_template_kwargs["enable_thinking"]``; the template renders with the result."""
-        thinking = resolve_thinking(
-            enable_thinking=enable_thinking,
-            template_kwargs=chat_template_kwargs,
-            can_think=self.tokenizer.think_end_id is not None,
-        )
-        rendered = self.inputs.chat(messages, thinking, chat_template_kwargs, tools, session_id)
-        return {"prompt": rendered.text, "prompt_token_ids": rendered.token_ids, "thinking": thinking}
+        reasoning section, decided as for every front end (``InputProcessor.render``: the top-level
+        ``enable_thinking``, then ``chat_template_kwargs["enable_thinking"]``); the template renders
+        with the result."""
+        choice, rendered = self.inputs.render(messages, enable_thinking=enable_thinking,
+                                              template_kwargs=chat_template_kwargs, tools=tools, session_id=session_id)
+        return {"prompt": rendered.text, "prompt_token_ids": rendered.token_ids, "thinking": choice.thinking}
 
     def close_session(self, session_id: str) -> bool:
         self._session_prompts.forget(session_id)

@@ -89,23 +89,9 @@ class InputProcessor:
         """The engine's request for one chat turn, decided and checked here for every API (see the
         module's docstring). Raises RequestError with the field it is about."""
         messages = self.conversation(chat.session_id, chat.messages, reset=chat.session_reset)
-        defaults = self.chat_defaults
-        rules = defaults.thinking_rules
-        decide = (lambda: rules.decide(last_user_text(messages)).thinking) if rules is not None else None
-        try:
-            choice = resolve_thinking_choice(
-                enable_thinking=chat.enable_thinking, template_kwargs=chat.template_kwargs,
-                reasoning_effort=chat.reasoning_effort, default_template_kwargs=defaults.template_kwargs,
-                default_thinking=defaults.thinking, decide_auto=decide,
-                can_think=self.tokenizer.think_end_id is not None,
-            )
-        except ValueError as exc:
-            raise RequestError(str(exc), param="enable_thinking") from exc
-        kwargs = {**(defaults.template_kwargs or {}), **(chat.template_kwargs or {})}
-        try:
-            rendered = self.chat(messages, choice.thinking, kwargs, chat.tools, chat.session_id)
-        except ChatTemplateError as exc:
-            raise RequestError(f"the chat template could not render these messages: {exc}", param="messages") from exc
+        choice, rendered = self.render(messages, enable_thinking=chat.enable_thinking,
+                                       template_kwargs=chat.template_kwargs, reasoning_effort=chat.reasoning_effort,
+                                       tools=chat.tools, session_id=chat.session_id)
         params, changes = chat.params, {}
         if params.max_tokens is None:  # what the context window leaves after the prompt (at least 1)
             changes["max_tokens"] = max(self.max_model_len - len(rendered.token_ids), 1)
@@ -116,9 +102,9 @@ class InputProcessor:
                     "response_format (or structured outputs); give one of them", param="tool_choice",
                 )
             changes["structured_outputs"] = chat.tool_constraint
-        if (choice.auto and choice.thinking and params.thinking_budget is None
-                and defaults.auto_thinking_budget is not None):
-            changes["thinking_budget"] = defaults.auto_thinking_budget
+        budget = self.chat_defaults.auto_thinking_budget
+        if choice.auto and choice.thinking and params.thinking_budget is None and budget is not None:
+            changes["thinking_budget"] = budget
         if changes:
             try:
                 params = params.with_updates(**changes)
@@ -129,6 +115,29 @@ class InputProcessor:
             session_id=chat.session_id, stream=stream, final_only=final_only, priority=priority, background=background,
         )
         return PreparedChat(request, messages, chat.tools, choice)
+
+    def render(self, messages: list[dict[str, Any]], *, enable_thinking: bool | str | None = None,
+               template_kwargs: Mapping[str, Any] | None = None, reasoning_effort: str | None = None,
+               tools: list[dict[str, Any]] | None = None,
+               session_id: str | None = None) -> tuple[ThinkingChoice, ChatPrompt]:
+        """A whole conversation's prompt: the thinking decision (the front end's ``ChatDefaults``,
+        its rules for "auto"), then the chat template with it. RequestError names the field refused."""
+        defaults = self.chat_defaults
+        rules = defaults.thinking_rules
+        decide = (lambda: rules.decide(last_user_text(messages)).thinking) if rules is not None else None
+        try:
+            choice = resolve_thinking_choice(
+                enable_thinking=enable_thinking, template_kwargs=template_kwargs, reasoning_effort=reasoning_effort,
+                default_template_kwargs=defaults.template_kwargs, default_thinking=defaults.thinking,
+                decide_auto=decide, can_think=self.tokenizer.think_end_id is not None,
+            )
+        except ValueError as exc:
+            raise RequestError(str(exc), param="enable_thinking") from exc
+        kwargs = {**(defaults.template_kwargs or {}), **(template_kwargs or {})}
+        try:
+            return choice, self.chat(messages, choice.thinking, kwargs, tools, session_id)
+        except ChatTemplateError as exc:
+            raise RequestError(f"the chat template could not render these messages: {exc}", param="messages") from exc
 
     def conversation(self, session_id: str | None, messages: list[dict[str, Any]],
                      reset: bool = False) -> list[dict[str, Any]]:
