@@ -5,18 +5,27 @@ costs is mostly the engine's Python (scheduling, step inputs, sampling bookkeepi
     python benchmarks/engine/bench_host_overhead.py --seqs 256 --tokens 64 --repeats 3
     python benchmarks/engine/bench_host_overhead.py --profile          # cProfile of one run, by own time
 
-Reports the median wall time per generated token (all sequences together) and per engine step, and,
-where the engine reports its step events, the device's share (forward and sampling, from a step's
-start on the device to its end) and the host's (the rest: scheduling, step inputs, appending, stops)."""
+Reports the median wall time per generated token (all sequences together) and per engine step; the
+model's share (``model_us_per_token``: time inside the backend's forward and the lm_head, measured
+the same way in any version of the engine) and the engine's (``engine_us_per_token``: the rest,
+sampling included); and, where the engine reports its step events, the device's share (forward
+and sampling, from a step's start on the device to its end) and the host's (the rest: scheduling,
+step inputs, appending, stops).
+
+Interleaved A/B of engine versions (each a ``src`` directory; one process per run, alternating):
+
+    python benchmarks/engine/bench_host_overhead.py --versions base=/tmp/base/src,new=src --rounds 3"""
 
 from __future__ import annotations
 
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +48,11 @@ def main() -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                    help="overlapped steps (auto: the engine's default for the device)")
+    p.add_argument("--versions", help="name=src_dir,...: run each version in turn, --rounds times, and compare")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
+    if args.versions:
+        return compare(args)
 
     import torch
     from make_random_model import write_tokenizer_files
@@ -68,9 +81,26 @@ def main() -> int:
     if hasattr(llm.engine, "on_step_event"):
         llm.engine.on_step_event = on_event
 
+    model = [0.0]  # seconds inside the backend's forward and the lm_head, in any version of the engine
+
+    def timed(obj: object, name: str) -> None:
+        inner = getattr(obj, name)
+
+        def call(*a: object, **k: object) -> object:
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                model[0] += time.perf_counter() - t
+
+        setattr(obj, name, call)
+
+    timed(llm.engine.backend, "forward")
+    timed(llm.engine.model, "compute_logits")
+
     def run() -> tuple[float, int]:
         prompts = [{"prompt_token_ids": [rng.randrange(300, 4000) for _ in range(args.prompt)]} for _ in range(args.seqs)]
-        device[0] = 0.0
+        device[0] = model[0] = 0.0
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
@@ -83,19 +113,46 @@ def main() -> int:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         return 0
-    per_token, device_per_token = [], []
+    per_token, device_per_token, model_per_token = [], [], []
     for _ in range(args.repeats):
         seconds, tokens = run()
         per_token.append(seconds / tokens * 1e6)
         device_per_token.append(device[0] / tokens * 1e6)
+        model_per_token.append(model[0] / tokens * 1e6)
     med = statistics.median(per_token)
     report = {"seqs": args.seqs, "tokens": args.tokens, "us_per_token": round(med, 2),
-              "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token]}
+              "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token],
+              "model_us_per_token": round(statistics.median(model_per_token), 2),
+              "engine_us_per_token": round(statistics.median(t - m for t, m in zip(per_token, model_per_token,
+                                                                                       strict=True)), 2)}
     if hasattr(llm.engine, "on_step_event"):
         report["device_us_per_token"] = round(statistics.median(device_per_token), 2)
         host = [p - d for p, d in zip(per_token, device_per_token, strict=True)]
         report["host_us_per_token"] = round(statistics.median(host), 2)
     print(json.dumps(report))
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Each version's runs in turn (one process each, ``PYTHONPATH`` its src), ``--rounds`` times;
+    the medians of each figure and every version's ratio to the first."""
+    versions = [v.split("=", 1) for v in args.versions.split(",")]
+    passed = ["--seqs", str(args.seqs), "--tokens", str(args.tokens), "--prompt", str(args.prompt), "--repeats",
+              str(args.repeats), "--temperature", str(args.temperature), "--async-scheduling", args.async_scheduling]
+    runs: dict[str, list[dict]] = {name: [] for name, _ in versions}
+    for _ in range(args.rounds):
+        for name, src in versions:
+            env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+            out = subprocess.run([sys.executable, __file__, *passed], env=env, capture_output=True, text=True, check=True)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(name, json.dumps(runs[name][-1]), flush=True)
+    keys = ("us_per_token", "model_us_per_token", "engine_us_per_token", "host_us_per_token")
+    medians = {name: {k: statistics.median(r[k] for r in rs) for k in keys if all(k in r for r in rs)}
+               for name, rs in runs.items()}
+    first = versions[0][0]
+    for name, figures in medians.items():
+        ratios = {k: round(v / medians[first][k], 3) for k, v in figures.items() if k in medians[first]}
+        print(json.dumps({"version": name, **{k: round(v, 2) for k, v in figures.items()}, f"ratio_to_{first}": ratios}))
     return 0
 
 

@@ -209,8 +209,11 @@ class _DecodeBatch:
         if not meta.decode_rows and not chunks:
             return None
         idx: list[int] = list(meta.decode_rows)  # the request of each decode query
-        seq_lens = [meta.seq_lens[r] for r in idx]
-        starts = [qs[r] for r in idx]
+        if not meta.prefill_rows:  # one row per request, in order: the step's lists as they are
+            seq_lens, starts = meta.seq_lens, qs[:-1]
+        else:
+            seq_lens = [meta.seq_lens[r] for r in idx]
+            starts = [qs[r] for r in idx]
         for r in chunks:  # query row j of a chunk of n sits at position seq_len - n + j: keys up to it
             n = qs[r + 1] - qs[r]
             idx += [r] * n

@@ -16,22 +16,23 @@ import torch
 from swiftlm.backends import Backend, build_backend
 from swiftlm.backends.kv_cache import num_blocks_for
 from swiftlm.backends.kv_quant import kv_format
-from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.config import EngineConfig
 from swiftlm.core.generation import GenerationRequest
 from swiftlm.core.outputs import RequestOutput, SequenceStop
 from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import SchedulerOutput
+from swiftlm.engine.heap import settle_heap
 from swiftlm.engine.live_requests import LiveRequest, LiveRequests, needs_host_tokens, plain_greedy
-from swiftlm.engine.reports import EngineStats, KvReport
+from swiftlm.engine.reports import EngineStats, KvReport, kv_report
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
 from swiftlm.engine.validation import RequestError, RequestLimits, validate_request
 from swiftlm.model.loader import load_model, load_tokenizer, resolve_model
-from swiftlm.runner.runner import LaunchedRun, ModelRunner, SampledToken
-from swiftlm.runner.sampler import SamplingRow
+from swiftlm.runner.block_tables import DecodeTables
+from swiftlm.runner.runner import LaunchedRun, ModelRunner, PreparedStep, SampledToken
+from swiftlm.runner.sampling_row import PlainRows, SamplingRow
 from swiftlm.runner.structured import GrammarCompiler, StructuredOutputError
 from swiftlm.sampling import SamplingParams
 
@@ -86,7 +87,10 @@ class Engine:
         self.limits = RequestLimits(mcfg.vocab_size, self.max_model_len, cache.block_size,
                                     self.kv.pool.num_usable_blocks, speculative=config.speculative is not None)
         self.speculator = Speculator(config.speculative, self.max_model_len) if config.speculative else None
-        self.runner = ModelRunner(self.model, self.kv_cache, self.backend)
+        # decode steps' block tables, kept between steps: a row per running request (twice the
+        # seats, so that rows of requests that left are reclaimed rarely), blocks for the context
+        tables = DecodeTables(2 * sched.max_num_seqs, -(-self.max_model_len // cache.block_size))
+        self.runner = ModelRunner(self.model, self.kv_cache, self.backend, tables)
         # overlapped steps: one step in flight on the device thread while the host prepares the next
         self.async_scheduling = self.speculator is None and (
             config.async_scheduling if config.async_scheduling is not None
@@ -107,6 +111,7 @@ class Engine:
         self._think_end_ids = tuple(ids + self.tokenizer.encode("\n\n")) if ids else ()
         start = self.tokenizer.think_start_id
         self._think_start_ids = (start, *self.tokenizer.encode("\n\n")) if start is not None else ()
+        settle_heap()  # the collector set for a step loop (``engine.heap``)
         logger.info(
             "engine ready: %s dtype=%s blocks=%d x %d tokens (kv cache %s), max_model_len=%d, load %.2fs",
             self.model_dir, self.dtype, num_blocks, cache.block_size, cache.kv_cache_dtype, self.max_model_len,
@@ -266,20 +271,7 @@ class Engine:
 
     def kv_report(self) -> KvReport:
         """Check the KV pool's bookkeeping and account for every block (soak runs, admin)."""
-        live = self.live.sequences()
-        error = None
-        try:
-            self.kv.check_integrity(live)
-        except AssertionError as exc:
-            error = str(exc) or "KV pool integrity check failed"
-        pool = self.kv.pool
-        pinned = {b for s in self.kv.sessions.all() for b in s.block_ids}
-        owned = pinned | {b for r in live for b in r.block_ids}
-        return KvReport(
-            blocks_usable=pool.num_usable_blocks, blocks_free=pool.num_free_blocks,
-            blocks_in_sessions=len(pinned), live_requests=len(live),
-            leaked_blocks=pool.num_usable_blocks - pool.num_free_blocks - len(owned - {NULL_BLOCK}), error=error,
-        )
+        return kv_report(self.kv, self.live.sequences())
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -303,7 +295,7 @@ class Engine:
         for request in plan.timed_out:
             request.error = request.error or "queue_timeout"
             touched.append(request)
-        launched = self._launch(plan) if plan else None
+        launched = self._launch(plan, overlap) if plan else None
         if self._launched is not None:
             touched.extend(self._land(self._launched))
             self._launched = None
@@ -314,37 +306,45 @@ class Engine:
                 touched.extend(self._land(launched))
         return self.live.collect(touched)
 
-    def _launch(self, plan: SchedulerOutput) -> LaunchedStep:
-        """Build the step's inputs, advance its requests' counts and start it (overlapped: on the
-        device thread; serial: it runs when it lands)."""
-        rows: list[SamplingRow] = []
-        samples: list[bool] = []
-        rows_of: dict[int, int] = {}
-        plain = self.live.num_other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
-        for s in plan.scheduled:
-            sample = s.samples
-            samples.append(sample)
-            if sample:
-                r = s.request
-                rows_of[id(r)] = len(rows)
-                if plain:  # nothing to ban, force or constrain: the row is its request's as it stands
-                    rows.append(SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids, r.generator))
-                    continue
-                rows.append(self._sampling_row(r))
-                if s.draft_token_ids and self.speculator is not None:
-                    rows.extend(self.speculator.draft_rows(r, rows[-1], s.draft_token_ids))
+    def _launch(self, plan: SchedulerOutput, overlap: bool) -> LaunchedStep:
+        """Build the step's inputs, advance its requests' counts and start it (``overlap``: on the
+        device thread, kept in flight while the next step is prepared; else it runs when it lands).
+        One pass over the scheduled requests after the inputs: each request's sampling row (from
+        its counts before the step), then its counts advanced."""
         previous = self._launched
-        prepared = self.runner.prepare(plan, rows, previous.rows_of if previous is not None else None, plain or None)
+        inputs = self.runner.step_inputs(plan, previous.rows_of if previous is not None else None)
         decode_only = self.speculator is not None and all(
             s.request.num_computed_tokens == s.request.num_tokens - 1 for s in plan.scheduled)
+        plain = self.live.num_other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
+        sampling: list[Request] = []  # plain steps: the requests whose rows ``PlainRows`` builds when read
+        rows: list[SamplingRow] | PlainRows = PlainRows(sampling) if plain else []
+        samples: list[bool] = []
+        rows_of: dict[int, int] = {}  # overlapped steps only: the next step reads its pending tokens here
         epochs = []
-        for s, sample in zip(plan.scheduled, samples, strict=True):
+        for s in plan.scheduled:
             r, n = s.request, s.num_new_tokens
-            r.metrics.num_computed_prompt_tokens += min(n, max(0, r.num_prompt_tokens - r.num_computed_tokens))
-            r.num_computed_tokens += n
+            computed = r.num_computed_tokens
+            # ``ScheduledRequest.samples``, read as attributes (every request, every step)
+            sample = computed + n == len(r.all_token_ids) + r.num_pending and r.sampling_params.max_tokens != 0
+            samples.append(sample)
+            if sample:
+                if overlap:
+                    rows_of[id(r)] = len(sampling) if plain else len(rows)
+                if plain:  # nothing to ban, force or constrain: the row is its request's as it stands
+                    sampling.append(r)
+                else:
+                    rows.append(self._sampling_row(r))
+                    if s.draft_token_ids and self.speculator is not None:
+                        rows.extend(self.speculator.draft_rows(r, rows[-1], s.draft_token_ids))
+            metrics = r.metrics
+            prompt_left = len(r.prompt_token_ids) - computed  # <= 0 once decoding
+            if prompt_left > 0:
+                metrics.num_computed_prompt_tokens += min(n, prompt_left)
+            r.num_computed_tokens = computed + n
             r.num_inflight += n
             r.num_pending += sample
-            epochs.append(r.metrics.num_preemptions)
+            epochs.append(metrics.num_preemptions)
+        prepared = PreparedStep(inputs, rows, len(plan.scheduled), plain or None)
         copies = list(self.kv.pending_copies)  # prefix hits that end inside a cached block
         self.kv.copies_done()  # the device copies them before any later step can reuse the sources
         self._num_steps += 1
@@ -364,7 +364,7 @@ class Engine:
                 self._event("device_end", index)  # on a CPU the step's end; on CUDA its launch's
 
         launched = LaunchedStep(index, plan, samples, epochs, rows_of, job, decode_only)
-        if self.async_scheduling and self.live.num_serial == 0:
+        if overlap:
             launched.future = self._device.submit(job)
         return launched
 
@@ -393,23 +393,28 @@ class Engine:
         now = time.monotonic()
         touched = []
         finished = RequestStatus.FINISHED
+        epochs, samples, failed = launched.epochs, launched.samples, results.failed
+        full = self.kv.block_size
         for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
             request = s.request
             if request.status is finished:
                 continue  # it ended after this step was launched: what the step computed for it is dropped
-            if request.metrics.num_preemptions == launched.epochs[i]:  # else its KV was dropped meanwhile
+            if request.metrics.num_preemptions == epochs[i]:  # else its KV was dropped meanwhile
                 request.num_inflight -= s.num_new_tokens
-                self.kv.register_computed(request)
-            request.num_pending -= launched.samples[i]
-            if i in results.failed:  # its logits were not finite: it fails alone
+                # a block filled since the last key (``KVCacheManager.register_computed``'s test, inline)
+                if request.num_computed_tokens - request.num_inflight >= (request.num_registered_blocks + 1) * full:
+                    self.kv.register_computed(request)
+            request.num_pending -= samples[i]
+            if failed and i in failed:  # its logits were not finite: it fails alone
                 self.num_failed_rows += 1
                 request.error = f"internal error: {results.failed[i]}"
                 self.scheduler.finish(request, FinishReason.ERROR, now)
                 touched.append(request)
                 continue
-            scored = results.prompt_logprobs.get(i)
-            if scored is not None and request.prompt_logprobs is not None:
-                request.prompt_logprobs.extend(scored)
+            if results.prompt_logprobs:
+                scored = results.prompt_logprobs.get(i)
+                if scored is not None and request.prompt_logprobs is not None:
+                    request.prompt_logprobs.extend(scored)
             if result is not None:
                 if s.draft_token_ids:
                     self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now,
@@ -440,15 +445,9 @@ class Engine:
                 request.forced_tokens.extend(request.think_end_ids if opened else
                                              (*request.think_start_ids, *request.think_end_ids))
         forced = request.forced_tokens.popleft() if request.forced_tokens else None
-        return SamplingRow(
-            params=params,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-            generator=request.generator,
-            banned_token_ids=banned,
-            forced_token_id=forced,
-            grammar=request.grammar if constrained and forced is None else None,
-        )
+        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, request.generator,
+                           banned_token_ids=banned, forced_token_id=forced,
+                           grammar=request.grammar if constrained and forced is None else None)
 
     def _append_verified(
         self, request: Request, drafts: tuple[int, ...], sampled: list[SampledToken], now: float, batch: int
@@ -469,32 +468,33 @@ class Engine:
 
     def _append(self, request: Request, result: SampledToken, now: float) -> None:
         token = result.token_id
-        constrained = request.grammar is not None and request.grammar_active
-        request.output_token_ids.append(token)
+        grammar = request.grammar
+        constrained = grammar is not None and request.grammar_active
+        output = request.output_token_ids
+        output.append(token)
         request.all_token_ids.append(token)
         if constrained:
-            request.grammar.accept(token)
+            grammar.accept(token)
         metrics = request.metrics
         if metrics.first_token_time is None:
             metrics.first_token_time = now
         if request.think_end_ids and token == request.think_end_ids[0]:
             request.thinking_closed = True
-            if request.grammar is not None and request.grammar_start is None:  # after the forced "\n\n", if any
-                request.grammar_start = request.num_output_tokens + len(request.forced_tokens)
+            if grammar is not None and request.grammar_start is None:  # after the forced "\n\n", if any
+                request.grammar_start = len(output) + len(request.forced_tokens)
         stream = self.live.stream(request)
         stream.new_token_ids.append(token)
         if result.logprobs is not None:
             stream.new_logprobs.append(result.logprobs)
             request.cumulative_logprob += result.logprobs[token]
         params = request.sampling_params
-        if token in request.eos_token_ids and request.num_output_tokens > params.min_tokens:
+        if token in request.eos_token_ids and len(output) > params.min_tokens:
             request.stop_reason = token
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
-        if constrained and request.grammar.done:  # the grammar is complete (or refused the token)
+        if constrained and grammar.done:  # the grammar is complete (or refused the token)
             self.scheduler.finish(request, FinishReason.STOP, now)
             return
-        if (params.max_tokens is not None and request.num_output_tokens >= params.max_tokens) or (
-            len(request.all_token_ids) >= self.max_model_len
-        ):
+        max_tokens = params.max_tokens
+        if (max_tokens is not None and len(output) >= max_tokens) or len(request.all_token_ids) >= self.max_model_len:
             self.scheduler.finish(request, FinishReason.LENGTH, now)

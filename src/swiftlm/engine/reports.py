@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swiftlm.cache.block_pool import NULL_BLOCK
+from swiftlm.cache.kv_manager import KVCacheManager
+from swiftlm.core.request import Request
+
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
@@ -38,3 +42,21 @@ class KvReport:
     live_requests: int
     leaked_blocks: int  # in use, yet owned by no live request and no session
     error: str | None
+
+
+def kv_report(kv: KVCacheManager, live: list[Request]) -> KvReport:
+    """Check the pool's bookkeeping and account for every block: ``live`` are the engine's live
+    sequences; a block in use that none of them nor a session owns is leaked."""
+    error = None
+    try:
+        kv.check_integrity(live)
+    except AssertionError as exc:
+        error = str(exc) or "KV pool integrity check failed"
+    pool = kv.pool
+    pinned = {b for s in kv.sessions.all() for b in s.block_ids}
+    owned = pinned | {b for r in live for b in r.block_ids}
+    return KvReport(
+        blocks_usable=pool.num_usable_blocks, blocks_free=pool.num_free_blocks,
+        blocks_in_sessions=len(pinned), live_requests=len(live),
+        leaked_blocks=pool.num_usable_blocks - pool.num_free_blocks - len(owned - {NULL_BLOCK}), error=error,
+    )

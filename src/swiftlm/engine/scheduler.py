@@ -138,48 +138,53 @@ class Scheduler:
         """Interactive decodes, interactive prefill chunks, then background ones: admission order
         within each group (a stable sort of ``running``). A decode's speculative draft tokens
         (``Request.draft_token_ids``) ride along in the budget left after one token for each
-        decode still to come (``_drafts``)."""
+        decode still to come (``_drafts``). Runs over every running request every step: the
+        request's counts are read as attributes (``num_tokens`` is ``len(all_token_ids) +
+        num_pending``), not through its properties."""
         decodes: list[Request] = []
         prefills: list[Request] = []
         background: list[Request] = []
         for r in self.running:  # one pass where a sort by (background, prefilling) would call both per request
             if r.background:
                 background.append(r)
-            elif r.num_tokens - r.num_computed_tokens > 1:
+            elif len(r.all_token_ids) + r.num_pending - r.num_computed_tokens > 1:
                 prefills.append(r)
             else:
                 decodes.append(r)
         if background:
             background.sort(key=lambda r: r.is_prefilling)  # stable: decodes first, admission order kept
-        order = decodes + prefills + background
-        scheduled: set[int] = set()
+            order = decodes + prefills + background
+        else:
+            order = decodes + prefills if prefills else decodes
         decodes_left = len(decodes) + sum(1 for r in background if not r.is_prefilling)  # each keeps a budget token
         block_size = self.kv.block_size
+        running = RequestStatus.RUNNING
+        scheduled = out.scheduled
         for request in order:
             if budget.total == 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this loop
-            num_tokens = request.num_tokens
+            num_tokens = len(request.all_token_ids) + request.num_pending
+            computed = request.num_computed_tokens
             if request.num_pending and num_tokens >= request.token_limit:
-                decodes_left -= num_tokens - request.num_computed_tokens <= 1
+                decodes_left -= num_tokens - computed <= 1
                 continue  # the token a launched step is sampling ends it (overlapped steps)
             limit = budget.left(request) if request.background else budget.total
             if limit == 0:
                 continue  # the background share of this step is spent
-            left = num_tokens - request.num_computed_tokens
-            n = min(left, limit)
+            left = num_tokens - computed
+            n = left if left < limit else limit
             decodes_left -= left <= 1
             drafts = self._drafts(request, limit - n - decodes_left) if request.draft_token_ids else ()
-            if not drafts and (request.num_computed_tokens + n + block_size - 1) // block_size > len(request.block_ids):
+            if not drafts and (computed + n + block_size - 1) // block_size > len(request.block_ids):
                 while not self.kv.allocate_slots(request, n):  # it needs a block: free one, or preempt
                     victim = self._victim(scheduled)
                     self._preempt(victim, out)
                     if victim is request:
                         break
-            if request.status is RequestStatus.RUNNING:
-                out.scheduled.append(ScheduledRequest(request, n, drafts))
-                scheduled.add(id(request))
+            if request.status is running:
+                scheduled.append(ScheduledRequest(request, n, drafts))
                 if request.background:
                     budget.spend(request, n + len(drafts))
                 else:
@@ -197,10 +202,11 @@ class Scheduler:
             return ()
         return drafts
 
-    def _victim(self, scheduled: set[int]) -> Request:
+    def _victim(self, scheduled: list[ScheduledRequest]) -> Request:
         """The running request, not yet scheduled this step, that gives way: background before
         interactive; then the largest (priority, arrival) ("priority"), the latest admitted last."""
-        candidates = [(i, r) for i, r in enumerate(self.running) if id(r) not in scheduled]
+        taken = {id(s.request) for s in scheduled}
+        candidates = [(i, r) for i, r in enumerate(self.running) if id(r) not in taken]
         if self._by_priority:
             return max(candidates, key=lambda c: (c[1].background, _rank(c[1]), c[0]))[1]
         return max(candidates, key=lambda c: (c[1].background, c[0]))[1]

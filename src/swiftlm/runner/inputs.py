@@ -34,6 +34,7 @@ import torch
 
 from swiftlm.core.schedule import ScheduledRequest
 from swiftlm.core.step import AttentionMetadata
+from swiftlm.runner.block_tables import DecodeTables
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +63,16 @@ class StepInputs:
 
 def build_step_inputs(
     scheduled: Sequence[ScheduledRequest], block_size: int, device: str = "cpu",
-    previous: Mapping[int, int] | None = None,
+    previous: Mapping[int, int] | None = None, tables: DecodeTables | None = None,
 ) -> StepInputs:
     """``previous``: id(request) -> its sampled row in the launched step before this one, for the
-    requests whose next input token that step is sampling (overlapped steps; None: serial)."""
+    requests whose next input token that step is sampling (overlapped steps; None: serial).
+    ``tables``: the block tables kept between steps; a step of plain decodes alone (one token, no
+    drafts, no prompt logprobs: most steps) is then built in array operations (``_decode_inputs``)."""
+    if tables is not None and scheduled:
+        inputs = _decode_inputs(scheduled, block_size, device, previous, tables)
+        if inputs is not None:
+            return inputs
     # plain Python lists, one tensor each at the end: a decode step has a handful of rows, and
     # ~10 small torch ops cost more than the lists (~0.6 ms a step)
     ids: list[int] = []
@@ -152,6 +159,60 @@ def build_step_inputs(
         logits_indices=_on(device, torch.tensor(logits_rows, dtype=torch.int64)),
         sampling_requests=sampling,
         prompt_rows=prompt_rows,
+        previous_rows=previous_rows,
+        previous_index=previous_index,
+    )
+
+
+def _decode_inputs(
+    scheduled: Sequence[ScheduledRequest], block_size: int, device: str,
+    previous: Mapping[int, int] | None, tables: DecodeTables,
+) -> StepInputs | None:
+    """``build_step_inputs`` for a step of plain decodes alone, or None for any other step. Row i is
+    request i at position c_i = its computed tokens: slot = table[i, c_i // block_size] *
+    block_size + c_i % block_size, context c_i + 1; every row samples."""
+    requests = []
+    ids: list[int] = []
+    previous_rows: list[int] = []
+    previous_index: list[int] = []
+    for i, s in enumerate(scheduled):
+        r = s.request
+        known, c = r.all_token_ids, r.num_computed_tokens
+        # a decode that samples (``ScheduledRequest.samples``), without drafts or prompt scoring
+        if (s.num_new_tokens != 1 or s.draft_token_ids or r.prompt_logprobs is not None
+                or c + 1 != len(known) + r.num_pending or r.sampling_params.max_tokens == 0):
+            return None
+        if c < len(known):
+            ids.append(known[c])
+        else:  # the launched step before this one samples it
+            assert previous is not None and c == len(known), "one pending token, the last"
+            previous_rows.append(i)
+            previous_index.append(previous[id(r)])
+            ids.append(0)
+        requests.append(r)
+    rows = tables.rows(requests)
+    if rows is None:
+        return None
+    n = len(requests)
+    computed = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int64, count=n)  # [n] positions
+    seq_lens = computed + 1
+    width = int((seq_lens.max() + block_size - 1) // block_size)  # blocks the longest context spans
+    block_tables = tables.table[rows, :width]  # [n, width]: a copy, the step's own
+    slots = block_tables[np.arange(n), computed // block_size] * block_size + computed % block_size
+    meta = AttentionMetadata(
+        query_start=list(range(n + 1)),
+        seq_lens=seq_lens.tolist(),
+        slot_mapping=_on(device, torch.from_numpy(slots)),
+        block_tables=_on(device, torch.from_numpy(block_tables)),
+        decode_rows=list(range(n)),
+        prefill_rows=[],
+    )
+    return StepInputs(
+        input_ids=_on(device, torch.tensor(ids, dtype=torch.int64)),
+        positions=_on(device, torch.from_numpy(computed)),
+        attention=meta,
+        logits_indices=_on(device, torch.arange(n, dtype=torch.int64)),
+        sampling_requests=list(range(n)),
         previous_rows=previous_rows,
         previous_index=previous_index,
     )

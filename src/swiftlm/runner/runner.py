@@ -26,6 +26,7 @@ from swiftlm.backends.base import Backend
 from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.decoder import DecoderForCausalLM
+from swiftlm.runner.block_tables import DecodeTables
 from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
 from swiftlm.runner.sampler import (
     Sampler,
@@ -39,7 +40,7 @@ from swiftlm.runner.sampler import (
 PROMPT_LOGITS_ROWS = 128  # prompt rows scored per lm_head call (bounds the [rows, vocab] buffer)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per sampled row every step (a frozen init costs ~4x)
 class SampledToken:
     token_id: int
     logprobs: dict[int, float] | None  # sampled token first, then the top tokens
@@ -90,8 +91,12 @@ class LaunchedRun:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderForCausalLM, kv_cache: KVCache, backend: Backend) -> None:
+    def __init__(self, model: DecoderForCausalLM, kv_cache: KVCache, backend: Backend,
+                 tables: DecodeTables | None = None) -> None:
+        """``tables``: decode steps' block tables kept between steps (``DecodeTables``); None: every
+        step's table is built from its requests' block lists."""
         self.model = model
+        self.tables = tables
         self.kv_cache = kv_cache
         self.backend = backend
         self.attention = backend.attention(kv_cache)
@@ -117,8 +122,11 @@ class ModelRunner:
     ) -> PreparedStep:
         """The host's part of a step: its flat inputs (``previous``: see ``build_step_inputs``).
         ``plain_greedy``: the caller knows whether every row is plain greedy (None: each row is looked at)."""
-        inputs = build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device, previous)
-        return PreparedStep(inputs, rows, len(step.scheduled), plain_greedy)
+        return PreparedStep(self.step_inputs(step, previous), rows, len(step.scheduled), plain_greedy)
+
+    def step_inputs(self, step: SchedulerOutput, previous: Mapping[int, int] | None = None) -> StepInputs:
+        """The step's flat inputs (``build_step_inputs``; decode steps from the kept block tables)."""
+        return build_step_inputs(step.scheduled, self.kv_cache.block_size, self.device, previous, self.tables)
 
     @torch.inference_mode()
     def launch(self, step: PreparedStep, previous_tokens: torch.Tensor | None = None) -> LaunchedRun:

@@ -34,3 +34,24 @@ class SamplingRow:
     forced_token_id: int | None = None
     grammar: GrammarState | None = None
     on_draw: Callable[[], None] | None = None
+
+
+class PlainRows(Sequence[SamplingRow]):
+    """The rows of requests that sample as they stand (nothing banned, forced or constrained: a
+    step where every live request is plain greedy), built only if read: such a step's tokens are
+    mostly picked without reading its rows (``Backend.greedy_pick``). ``requests``: the sampling
+    requests in row order (the list may be filled after this is made)."""
+
+    __slots__ = ("_requests",)
+
+    def __init__(self, requests: list) -> None:
+        self._requests = requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._requests)))]
+        r = self._requests[index]
+        return SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids, r.generator)
