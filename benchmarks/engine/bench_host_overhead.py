@@ -8,7 +8,8 @@ costs is mostly the engine's Python (scheduling, step inputs, sampling bookkeepi
 Reports the median wall time per generated token (all sequences together) and per engine step; the
 model's share (``model_us_per_token``: time inside the backend's forward and the lm_head, measured
 the same way in any version of the engine) and the engine's (``engine_us_per_token``: the rest,
-sampling included); and, where the engine reports its step events, the device's share (forward
+sampling included; ``engine_cpu_us_per_token``: the same in the calling thread's CPU time, which a
+busy machine disturbs less, for serial steps where the engine runs on that thread); and, where the engine reports its step events, the device's share (forward
 and sampling, from a step's start on the device to its end) and the host's (the rest: scheduling,
 step inputs, appending, stops).
 
@@ -81,28 +82,34 @@ def main() -> int:
     if hasattr(llm.engine, "on_step_event"):
         llm.engine.on_step_event = on_event
 
-    model = [0.0]  # seconds inside the backend's forward and the lm_head, in any version of the engine
+    # seconds inside the backend's forward and the lm_head, in any version of the engine: wall time,
+    # and this thread's CPU time (the engine's own share in CPU time is robust to a busy machine)
+    model = [0.0, 0.0]
 
     def timed(obj: object, name: str) -> None:
         inner = getattr(obj, name)
 
         def call(*a: object, **k: object) -> object:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return inner(*a, **k)
             finally:
                 model[0] += time.perf_counter() - t
+                model[1] += time.thread_time() - c
 
         setattr(obj, name, call)
 
     timed(llm.engine.backend, "forward")
     timed(llm.engine.model, "compute_logits")
 
+    cpu = [0.0]  # the caller's thread's CPU seconds outside the model in the last run (serial steps: the engine's)
+
     def run() -> tuple[float, int]:
         prompts = [{"prompt_token_ids": [rng.randrange(300, 4000) for _ in range(args.prompt)]} for _ in range(args.seqs)]
-        device[0] = model[0] = 0.0
-        t0 = time.perf_counter()
+        device[0] = model[0] = model[1] = 0.0
+        t0, c0 = time.perf_counter(), time.thread_time()
         outs = llm.generate(prompts, params, use_tqdm=False)
+        cpu[0] = time.thread_time() - c0 - model[1]
         return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
 
     run()  # warm-up
@@ -113,18 +120,20 @@ def main() -> int:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         return 0
-    per_token, device_per_token, model_per_token = [], [], []
+    per_token, device_per_token, model_per_token, cpu_per_token = [], [], [], []
     for _ in range(args.repeats):
         seconds, tokens = run()
         per_token.append(seconds / tokens * 1e6)
         device_per_token.append(device[0] / tokens * 1e6)
         model_per_token.append(model[0] / tokens * 1e6)
+        cpu_per_token.append(cpu[0] / tokens * 1e6)
     med = statistics.median(per_token)
     report = {"seqs": args.seqs, "tokens": args.tokens, "us_per_token": round(med, 2),
               "ms_per_step": round(med * args.seqs / 1e3, 3), "runs_us_per_token": [round(x, 2) for x in per_token],
               "model_us_per_token": round(statistics.median(model_per_token), 2),
               "engine_us_per_token": round(statistics.median(t - m for t, m in zip(per_token, model_per_token,
-                                                                                       strict=True)), 2)}
+                                                                                       strict=True)), 2),
+              "engine_cpu_us_per_token": round(statistics.median(cpu_per_token), 2)}
     if hasattr(llm.engine, "on_step_event"):
         report["device_us_per_token"] = round(statistics.median(device_per_token), 2)
         host = [p - d for p, d in zip(per_token, device_per_token, strict=True)]
@@ -146,7 +155,7 @@ def compare(args: argparse.Namespace) -> int:
             out = subprocess.run([sys.executable, __file__, *passed], env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(name, json.dumps(runs[name][-1]), flush=True)
-    keys = ("us_per_token", "model_us_per_token", "engine_us_per_token", "host_us_per_token")
+    keys = ("us_per_token", "model_us_per_token", "engine_us_per_token", "engine_cpu_us_per_token", "host_us_per_token")
     medians = {name: {k: statistics.median(r[k] for r in rs) for k in keys if all(k in r for r in rs)}
                for name, rs in runs.items()}
     first = versions[0][0]

@@ -252,12 +252,9 @@ class Engine:
     def stats(self) -> EngineStats:
         spec = self.speculator.stats if self.speculator is not None else None
         return EngineStats(
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=self.kv.usage,
-            prefix_cache_queries=self.kv.prefix_cache.queries,
-            prefix_cache_hits=self.kv.prefix_cache.hits,
-            num_sessions=len(self.kv.sessions),
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.kv.usage, num_sessions=len(self.kv.sessions),
+            prefix_cache_queries=self.kv.prefix_cache.queries, prefix_cache_hits=self.kv.prefix_cache.hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_aborted=self.num_aborted,
             num_failed_steps=self.num_failed_steps,
@@ -419,9 +416,9 @@ class Engine:
                 if s.draft_token_ids:
                     self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now,
                                           len(plan.scheduled))
-                else:
-                    self._append(request, result, now)
-                touched.append(request)
+                    touched.append(request)
+                elif self._append(request, result, now):  # else a whole answer still running: nothing to say
+                    touched.append(request)
             elif (request.sampling_params.max_tokens == 0
                   and request.num_confirmed_tokens >= request.num_tokens):
                 self.scheduler.finish(request, FinishReason.LENGTH, now)  # the prompt is all it asked for
@@ -466,7 +463,8 @@ class Engine:
             self.kv.register_computed(request)
             self._append(request, result, now)
 
-    def _append(self, request: Request, result: SampledToken, now: float) -> None:
+    def _append(self, request: Request, result: SampledToken, now: float) -> bool:
+        """Append a sampled token, end the request where it stops; whether it has news to report."""
         token = result.token_id
         grammar = request.grammar
         constrained = grammar is not None and request.grammar_active
@@ -491,10 +489,12 @@ class Engine:
         if token in request.eos_token_ids and len(output) > params.min_tokens:
             request.stop_reason = token
             self.scheduler.finish(request, FinishReason.STOP, now)
-            return
+            return True
         if constrained and grammar.done:  # the grammar is complete (or refused the token)
             self.scheduler.finish(request, FinishReason.STOP, now)
-            return
+            return True
         max_tokens = params.max_tokens
         if (max_tokens is not None and len(output) >= max_tokens) or len(request.all_token_ids) >= self.max_model_len:
             self.scheduler.finish(request, FinishReason.LENGTH, now)
+            return True
+        return not stream.final_only
