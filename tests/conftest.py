@@ -11,12 +11,16 @@ a non-thinking prompt (ends in "</think>\\n\\n") yields "Hello there!".
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
 from safetensors.torch import load_file, save_file
 
+import swiftlm.text.tokenizer
 from swiftlm.model.random_checkpoint import write_random_checkpoint
 from tests.helpers.tokenizer_files import write_tokenizer_files
 
@@ -78,6 +82,31 @@ TINY_QWEN2 = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _parsed_tokenizer_json_kept() -> Iterator[None]:
+    """Every engine, LLM and server a test builds parses its model's tokenizer.json (the same 11 MB
+    Qwen3 file in nearly every test: ~1 s of CPU each time, hundreds of times a run). Within a
+    session a file of the same content is parsed once and its ``tokenizers.Tokenizer`` (immutable:
+    swiftlm only encodes and decodes with it) handed to every later ``Tokenizer.from_dir``; the rest
+    of the loading (configs, chat template, special tokens) runs each time. A file of other content
+    is parsed afresh."""
+    parsed: dict[str, tokenizers.Tokenizer] = {}
+    load = swiftlm.text.tokenizer._load_backend
+
+    def load_once(model_dir: Path) -> tokenizers.Tokenizer:
+        plain = Path(model_dir) / "tokenizer.json"
+        if not plain.is_file():
+            return load(model_dir)  # tokenizer.json.gz, or the error
+        key = hashlib.sha256(plain.read_bytes()).hexdigest()
+        if key not in parsed:
+            parsed[key] = load(model_dir)
+        return parsed[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(swiftlm.text.tokenizer, "_load_backend", load_once)
+        yield
+
+
 def make_tiny_model(dst: Path, shape: dict, seed: int = 0) -> Path:
     write_random_checkpoint(dst, shape, seed=seed, dtype=torch.float32, std=0.05)
     write_tokenizer_files(dst)
@@ -127,7 +156,10 @@ def make_scripted_model(dst: Path, script: list[int] = SCRIPT) -> Path:
     tensors = load_file(str(dst / "model.safetensors"))
     embed = torch.randn(tensors["model.embed_tokens.weight"].shape, generator=torch.Generator().manual_seed(3))
     tensors["model.embed_tokens.weight"] = embed
-    head = torch.zeros_like(tensors["lm_head.weight"])
+    # every other token's logit small (|x| < ~0.05) and distinct: with all of them 0, each sampled
+    # step's top-k (Qwen3's generation config: 20) would tie past its k-th and keep the whole
+    # vocabulary as candidates, ~45 ms a token instead of ~1 ms (the script's logit is ~100 either way)
+    head = 1e-3 * torch.randn(tensors["lm_head.weight"].shape, generator=torch.Generator().manual_seed(4))
     for cur, nxt in zip(script, script[1:], strict=False):
         head[nxt] += 10.0 * embed[cur] / embed[cur].norm()
     tensors["lm_head.weight"] = head

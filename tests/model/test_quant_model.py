@@ -18,6 +18,9 @@ from swiftlm.model.loader import load_model
 from swiftlm.platform import cpu_flags
 
 PROMPT_LENGTHS = (1, 7, 64, 65, 90)  # <= 64 tokens: GEMV kernels in prefill too; more: dequantise + matmul
+# the CI form: decode alone and the two sides of the GEMV bound (each prompt's 6 steps cost ~1.5 s
+# where the kernels do not load: the lm_head dequantised at every step); all five with -m slow
+CI_PROMPT_LENGTHS = (1, 64, 65)
 STEPS = 6
 
 
@@ -62,8 +65,10 @@ def quant_layers(model: nn.Module) -> list[QuantLinear]:
     return [m for m in model.modules() if isinstance(m, QuantLinear)]
 
 
+@pytest.mark.parametrize("lengths", [CI_PROMPT_LENGTHS, pytest.param(PROMPT_LENGTHS, marks=pytest.mark.slow)],
+                         ids=["ci-lengths", "all-lengths"])
 @pytest.mark.parametrize("method", ["int8", "int4"])
-def test_kernel_path_greedy_equals_reference(tiny_model_dir: Path, method: str) -> None:
+def test_kernel_path_greedy_equals_reference(tiny_model_dir: Path, method: str, lengths: tuple[int, ...]) -> None:
     model = kernel_quantize(float_model(tiny_model_dir), method)
     layers = quant_layers(model)
     assert len(layers) == 7 * model.config.num_hidden_layers + 1
@@ -71,7 +76,7 @@ def test_kernel_path_greedy_equals_reference(tiny_model_dir: Path, method: str) 
         assert all(layer.kernels is not None for layer in layers), "kernels did not load: a broken build?"
     ref = dequantized_reference(model, method)
     diffs = []
-    for length in PROMPT_LENGTHS:
+    for length in lengths:
         prompt = random_prompt(length, seed=length)
         got_tokens, got_logits = greedy(model, prompt, STEPS)
         ref_tokens, ref_logits = greedy(ref, prompt, STEPS)

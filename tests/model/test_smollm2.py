@@ -4,7 +4,10 @@ own GGUF loading of the same file (it dequantises it itself)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +48,8 @@ def source():
 def hf_tokenizer():
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)
+    with _transformers_gguf_reading():
+        return AutoTokenizer.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name)
 
 
 def _plain_array_data(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,12 +65,39 @@ def _plain_array_data(monkeypatch: pytest.MonkeyPatch) -> None:
                         raising=False)
 
 
-def test_next_token_logits_match_transformers_gguf_loading(source, monkeypatch) -> None:
+_READERS: dict[str, object] = {}  # path -> the gguf.GGUFReader transformers reads it through
+
+
+@contextlib.contextmanager
+def _transformers_gguf_reading() -> Iterator[None]:
+    """transformers' own GGUF loading, with what it recomputes from the same file kept: the file is
+    parsed once (``gguf.GGUFReader``, read-only, is opened by the tokenizer and twice by the model:
+    ~5 s each here) and ``gguf.get_tensor_name_map(arch, n_blocks)`` (a pure table it builds again
+    for each of the model's ~400 modules: ~18 s) is built once. The same reader code, the same
+    bytes, the same name table: only the repetitions are gone. With ``_plain_array_data``."""
+    import gguf
+    from gguf.gguf_reader import GGUFReader
+
+    def reader(path, *args, **kwargs):
+        assert not args and not kwargs, "transformers opens the file read-only, by path"
+        if str(path) not in _READERS:
+            _READERS[str(path)] = GGUFReader(path)
+        return _READERS[str(path)]
+
+    with pytest.MonkeyPatch.context() as patch:
+        _plain_array_data(patch)  # the cached readers hold the plain view: only valid inside
+        patch.setattr(gguf, "GGUFReader", reader)
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
+        yield
+
+
+def test_next_token_logits_match_transformers_gguf_loading(source) -> None:
     from transformers import AutoModelForCausalLM
 
     ours = load_model(source, torch.float32)
-    _plain_array_data(monkeypatch)
-    theirs = AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name, dtype=torch.float32).eval()
+    with _transformers_gguf_reading():
+        theirs = AutoModelForCausalLM.from_pretrained(str(GGUF.parent), gguf_file=GGUF.name,
+                                                      dtype=torch.float32).eval()
     tokenizer = load_tokenizer(source)
     agree, max_delta, mean_deltas = 0, 0.0, []
     for prompt in PROMPTS:
@@ -113,13 +144,19 @@ def test_chat_template_renders_like_transformers(source, hf_tokenizer) -> None:
         assert ours.apply_chat_template(messages) == want
 
 
-def test_llm_chat_answers_in_english_and_stops_at_eos() -> None:
+# the CI form asks one question (8 tokens); the slow form adds one with a longer answer (43 tokens, ~5 s)
+@pytest.mark.parametrize("questions", [
+    pytest.param(("What is the capital of France?",), id="one"),
+    pytest.param(("What is the capital of France?", "What is the largest planet in the solar system?"),
+                 id="two", marks=pytest.mark.slow),
+])
+def test_llm_chat_answers_in_english_and_stops_at_eos(questions: tuple[str, ...]) -> None:
     from swiftlm import LLM
 
     llm = LLM(str(GGUF), dtype="float32", max_model_len=512)
     eos = llm.engine.tokenizer.eos_token_id
     params = SamplingParams(temperature=0.0, max_tokens=60)
-    for question in ("What is the capital of France?", "What is the largest planet in the solar system?"):
+    for question in questions:
         out = llm.chat([{"role": "user", "content": question}], params).outputs[0]
         print(f"\nQ: {question}\nA: {out.text!r} ({len(out.token_ids)} tokens, {out.finish_reason})")
         assert out.finish_reason == "stop" and out.token_ids[-1] == eos

@@ -16,19 +16,26 @@ them against ../shared/reference/ when that directory is there. Clean-up, applie
 - ``Qwen/Qwen3-0.6B`` is resolved with ``HF_HUB_OFFLINE=1`` from a hub-layout cache
   (``HF_HUB_CACHE``) holding the scripted checkpoint under that id.
 
-All six servers start at once (one module fixture); each test waits for its own.
+In CI each command line runs through the real CLI (``swiftlm.cli.main``: the parser, the flag checks,
+the configs it builds) with the server in the test's process
+(``test_command_configures_a_server_that_answers``), and two of them, those with the most flags, also
+as ``swiftlm serve`` child processes (``test_command_serves_a_chat``; all six with ``-m slow``: a child
+costs ~7 s of CPU to start). The child servers of a run start at once (one module fixture); each
+test waits for its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import openai
 import pytest
 
+from swiftlm.cli import main
 from tests.conftest import ANSWER
 from tests.reference.conftest import HUB_ID, offline_env
-from tests.server.conftest import free_port, free_ports
+from tests.server.conftest import free_port, free_ports, run_uvicorn
 
 ARTICLE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "002_1fa5de43ae0dd110.txt"
 
@@ -107,15 +114,69 @@ def test_commands_are_the_articles() -> None:
     assert text.count("vllm serve ") == len(COMMANDS)
 
 
-@pytest.fixture(scope="module")
-def servers(serve_factory, hub_cache: Path) -> dict:
-    started = {}
-    for (name, command), port in zip(COMMANDS.items(), free_ports(len(COMMANDS)), strict=True):
-        started[name] = serve_factory(argv(command, port), port, env=offline_env(hub_cache))
-    return started
+# the two whose child processes CI starts: the most flags (host, block size, memory, reasoning
+# parser; queue limits, --enforce-eager and the trailing "...")
+IN_CI = ("1.1 max-model-len", "5.1 queue limits")
+
+
+def _chat(v1: str) -> str:
+    client = openai.OpenAI(base_url=v1, api_key="EMPTY")
+    reply = client.chat.completions.create(
+        model=HUB_ID, messages=[{"role": "user", "content": "你好"}], max_tokens=32, temperature=0
+    )
+    return reply.choices[0].message.content
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
+def test_command_configures_a_server_that_answers(
+    name: str, hub_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``swiftlm.cli.main`` with the command's arguments, up to the call that would serve: the
+    configs it hands over load the engine (the id resolved offline from the hub cache) and serve
+    the chat, in this process."""
+    import huggingface_hub.constants
+
+    from swiftlm.engine.async_engine import AsyncEngine
+    from swiftlm.engine.engine import Engine
+    from swiftlm.server import launch
+    from swiftlm.server.app import create_app
+
+    for key, value in offline_env(hub_cache).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    handed: list[tuple] = []
+    monkeypatch.setattr(launch, "serve", lambda *args, **kwargs: handed.append((args, kwargs)))
+    port = free_port()
+    assert main(argv(COMMANDS[name], port)) == 0
+    ((engine_config, server_config, quantization), _), = handed
+    assert engine_config.model == HUB_ID and server_config.port == port
+    if quantization not in (None, "none"):  # as launch.serve does
+        engine_config = dataclasses.replace(engine_config, quantization=quantization)
+    server_config = dataclasses.replace(server_config, batch_storage_dir=str(tmp_path / "batches"))
+    engine = AsyncEngine(Engine(engine_config))
+    server, thread = run_uvicorn(create_app(engine, server_config, engine_config.model), server_config, port)
+    try:
+        assert _chat(f"http://127.0.0.1:{port}/v1") == ANSWER
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown(drain_timeout_s=1)
+
+
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, serve_factory, hub_cache: Path) -> dict:
+    """The child servers of the commands this run tests, started at once."""
+    wanted = [item.callspec.params["name"] for item in request.session.items
+              if item.originalname == "test_command_serves_a_chat" and hasattr(item, "callspec")]
+    started = {}
+    for name, port in zip(wanted, free_ports(len(wanted)), strict=True):
+        started[name] = serve_factory(argv(COMMANDS[name], port), port, env=offline_env(hub_cache))
+    return started
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in IN_CI else pytest.mark.slow)
+                                  for name in COMMANDS])
 def test_command_serves_a_chat(servers: dict, serve_factory, hub_cache: Path, name: str) -> None:
     server = servers[name]
     code = server.wait_healthy()
@@ -126,8 +187,4 @@ def test_command_serves_a_chat(servers: dict, serve_factory, hub_cache: Path, na
         server = serve_factory(argv(COMMANDS[name], port), port, env=offline_env(hub_cache))
         code = server.wait_healthy()
     assert code == 200, f"{' '.join(server.argv[2:])}: GET /health {code}\n{server.log()}"
-    client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")
-    reply = client.chat.completions.create(
-        model=HUB_ID, messages=[{"role": "user", "content": "你好"}], max_tokens=32, temperature=0
-    )
-    assert reply.choices[0].message.content == ANSWER
+    assert _chat(server.v1) == ANSWER

@@ -78,6 +78,20 @@ def tiny_long_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_long"), {**TINY_TIED, "max_position_embeddings": 65536}, seed=1)
 
 
+def run_uvicorn(app, config: ServerConfig, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+    """``app`` on uvicorn (``swiftlm serve``'s configuration) at 127.0.0.1:``port``, in a daemon
+    thread, started; stop it with ``server.should_exit = True`` and a join."""
+    server = uvicorn.Server(uvicorn_config(app, config, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    return server, thread
+
+
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """start_server(model_dir, server_config=None, **engine_kwargs) -> RunningServer. Each
@@ -93,14 +107,7 @@ def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         if config.enable_batch_api and config.batch_storage_dir is None:
             config = dataclasses.replace(config, batch_storage_dir=str(tmp_path_factory.mktemp("batches")))
         app = create_app(engine, config, "swiftlm-test")
-        server = uvicorn.Server(uvicorn_config(app, config, host="127.0.0.1", port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.02)
+        server, thread = run_uvicorn(app, config, port)
         servers.append((server, thread, engine))
         return RunningServer(f"http://127.0.0.1:{port}", engine, "swiftlm-test")
 

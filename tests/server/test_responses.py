@@ -178,16 +178,42 @@ def _stop(server: ServeProcess) -> None:
     server.wait_stopped()
 
 
+def _first_server(model_dir: Path, storage: Path):
+    """The server before the restart, in this process (the one ``swiftlm serve`` child of the test is
+    the server after it): the same storage flags; returns its /v1 URL and a function that stops it
+    (uvicorn stops, then the engine)."""
+    from swiftlm.config import ServerConfig
+    from swiftlm.engine.async_engine import AsyncEngine
+    from swiftlm.engine.engine import Engine
+    from swiftlm.llm import engine_config
+    from swiftlm.server.app import create_app
+    from tests.server.conftest import run_uvicorn
+
+    config = ServerConfig(served_model_names=("swiftlm-test",), batch_storage_dir=str(storage),
+                          response_retention_hours=1.0)
+    engine = AsyncEngine(Engine(engine_config(str(model_dir), "auto", "cpu")))
+    port = free_port()
+    server, thread = run_uvicorn(create_app(engine, config, str(model_dir)), config, port)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown(drain_timeout_s=1)
+
+    return f"http://127.0.0.1:{port}/v1", stop
+
+
 def test_chain_survives_a_restart(scripted_model_dir, tmp_path) -> None:
-    """``swiftlm serve`` stopped (SIGTERM) and started again on the same storage: a new process, an
-    empty KV cache, the stored chain."""
+    """A server stopped, then ``swiftlm serve`` started on the same storage: a new process, an empty
+    KV cache, the stored chain. (The server before the restart runs in the test's process: a second
+    child process would cost ~6 s of start; SIGTERM's graceful stop is test_sessions_metrics'.)"""
     storage = tmp_path / "storage"
-    server = _serve(scripted_model_dir, storage, tmp_path)
+    v1, stop = _first_server(scripted_model_dir, storage)
     try:
-        first = openai.OpenAI(base_url=server.v1, api_key="EMPTY").responses.create(
+        first = openai.OpenAI(base_url=v1, api_key="EMPTY").responses.create(
             model="swiftlm-test", input=QUESTIONS[0], temperature=0, extra_body=NO_THINKING)
     finally:
-        _stop(server)
+        stop()
     server = _serve(scripted_model_dir, storage, tmp_path)
     try:
         client = openai.OpenAI(base_url=server.v1, api_key="EMPTY")

@@ -61,15 +61,14 @@ def _check_all(texts: list[str]) -> None:
 
 
 def test_json_schema_whole_and_streamed(server) -> None:
-    texts = []
-    for seed in (1, 2):
-        r = _chat(server, response_format=FORMAT, temperature=1.0, seed=seed, n=8, max_tokens=300)
-        assert r.status_code == 200, r.text
-        assert all(c["finish_reason"] == "stop" for c in r.json()["choices"])
-        texts += [c["message"]["content"] for c in r.json()["choices"]]
+    """12 sampled answers, 8 whole and 4 streamed (the long form below: 200)."""
+    r = _chat(server, response_format=FORMAT, temperature=1.0, seed=1, n=8, max_tokens=300)
+    assert r.status_code == 200, r.text
+    assert all(c["finish_reason"] == "stop" for c in r.json()["choices"])
+    texts = [c["message"]["content"] for c in r.json()["choices"]]
     _check_all(texts)
     assert len(set(texts)) > 1  # the sampler varied the answers
-    _check_all(_streamed_texts(server, 8, seed=3))
+    _check_all(_streamed_texts(server, 4, seed=3))
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ A scripted checkpoint (tests/conftest.py) answers with text and one hermes call:
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -34,12 +35,16 @@ TOOLS = [{
 }]
 
 
-def script(call_json: str) -> list[int]:
-    """The scripted chain with the answer "Hello there!" followed by a call written as `call_json`."""
+@functools.cache
+def _qwen3_tokenizer():
     from tokenizers import Tokenizer
 
-    text = gzip.decompress((ASSET_DIR / "tokenizer.json.gz").read_bytes()).decode()
-    ids = Tokenizer.from_str(text).encode(call_json, add_special_tokens=False).ids
+    return Tokenizer.from_str(gzip.decompress((ASSET_DIR / "tokenizer.json.gz").read_bytes()).decode())
+
+
+def script(call_json: str) -> list[int]:
+    """The scripted chain with the answer "Hello there!" followed by a call written as `call_json`."""
+    ids = _qwen3_tokenizer().encode(call_json, add_special_tokens=False).ids
     return [*SCRIPT[:-1], TOOL_CALL, *ids, TOOL_CALL_END, IM_END]
 
 
