@@ -34,10 +34,6 @@ class DecodeTables:
     def capacity(self) -> int:
         return self.table.shape[0]
 
-    @property
-    def max_blocks(self) -> int:
-        return self.table.shape[1]
-
     def rows(self, requests: Sequence[Request]) -> list[int] | None:
         """The row of each request, current; None if they do not fit (more requests than rows, or
         a request with more blocks than a row holds): the caller builds its table another way."""

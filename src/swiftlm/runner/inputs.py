@@ -173,6 +173,7 @@ def _decode_inputs(
     block_size + c_i % block_size, context c_i + 1; every row samples."""
     requests = []
     ids: list[int] = []
+    positions: list[int] = []
     previous_rows: list[int] = []
     previous_index: list[int] = []
     for i, s in enumerate(scheduled):
@@ -189,12 +190,13 @@ def _decode_inputs(
             previous_rows.append(i)
             previous_index.append(previous[id(r)])
             ids.append(0)
+        positions.append(c)
         requests.append(r)
     rows = tables.rows(requests)
     if rows is None:
         return None
     n = len(requests)
-    computed = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int64, count=n)  # [n] positions
+    computed = np.array(positions, dtype=np.int64)  # [n] positions
     seq_lens = computed + 1
     width = int((seq_lens.max() + block_size - 1) // block_size)  # blocks the longest context spans
     block_tables = tables.table[rows, :width]  # [n, width]: a copy, the step's own
