@@ -118,7 +118,7 @@ def main() -> int:
         prof.enable()
         run()
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof).sort_stats(os.environ.get("PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PROFILE_N", "30")))
         return 0
     per_token, device_per_token, model_per_token, cpu_per_token = [], [], [], []
     for _ in range(args.repeats):

@@ -1,5 +1,5 @@
-"""The CPU backend's one-pass greedy pick against the sampler: the same tokens, and the same
-failure for a row of non-finite logits; and which rows may take it."""
+"""The CPU backend's one-pass greedy pick and token draw against the sampler: the same tokens, and
+the same failure for a row of non-finite logits; and which rows may take them."""
 
 from __future__ import annotations
 
@@ -33,6 +33,35 @@ def test_greedy_pick_gives_the_samplers_tokens(tiny_model_dir: Path, monkeypatch
     assert calls, "plain greedy rows took the one-pass pick"
     monkeypatch.setattr(backend, "greedy_pick", lambda logits: None)
     assert fast == _generate(llm, params)
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
+def test_token_draw_gives_the_torch_draws_tokens(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 min_p: float) -> None:
+    """Sampled (unseeded) and greedy rows in one step: from the same torch RNG state, the one-pass
+    draw and the torch draw take the same uniforms, and so the same tokens."""
+    backend = CpuBackend()
+    if backend.kernels.token_draw is None:
+        pytest.fail("the token draw is plain C++ and must build wherever torch extensions do")
+    llm = LLM(str(tiny_model_dir), dtype="float32", backend=backend)
+    calls = []
+    drawn = backend.draw_tokens
+    monkeypatch.setattr(backend, "draw_tokens", lambda *a: calls.append(a[0].shape) or drawn(*a))
+    sampled = SamplingParams(temperature=0.9, min_p=min_p, max_tokens=16, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompts = PROMPTS * 3
+
+    def run() -> list[list[int]]:
+        torch.manual_seed(123)
+        outs = llm.generate(prompts, [sampled, greedy, sampled, sampled, greedy, sampled])
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    fast = run()
+    assert calls, "sampled rows took the one-pass draw"
+    monkeypatch.setattr(CpuBackend, "draws_tokens", property(lambda self: False))
+    calls.clear()
+    assert fast == run() and not calls
+    assert fast[0] != fast[2] or fast[2] != fast[3], "the sampled rows drew"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

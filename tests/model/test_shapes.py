@@ -79,7 +79,7 @@ SHAPES = {
 # each kernel and the instruction sets it needs (the fused ops need none)
 KERNEL_FLAGS = {"fused_ops": (), "gemv": GEMV_FLAGS, "gemm": GEMM_FLAGS, "attention": ATTENTION_FLAGS, "amx": AMX_FLAGS,
                 "prefill_attention": PREFILL_FLAGS, "decode_layers": (*GEMV_FLAGS, *ATTENTION_FLAGS),
-                "quant": QUANT_FLAGS}
+                "quant": QUANT_FLAGS, "token_draw": ()}
 
 
 def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:

@@ -443,3 +443,34 @@ def test_random_workload_keeps_every_block_accounted_for(seed: int) -> None:
     h.run(max_steps=500)
     assert all(r.is_finished for r in live)
     h.assert_no_leaks()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decode_steps_schedule_as_the_general_loop_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Scheduler._schedule_decodes`` (steps of decodes alone) makes the general loop's choices:
+    the same plans, preemptions and blocks over a workload that runs short of blocks."""
+
+    def run() -> list[object]:
+        rng = random.Random(seed)
+        h = Harness(num_blocks=9, max_num_batched_tokens=rng.choice([4, 16, 64]), max_num_seqs=5)
+        trace: list[object] = []
+        for i in range(60):
+            h.clock.now += 1.0
+            if len(h.sched.waiting) < 3 and rng.random() < 0.4:
+                h.add(f"r{i}", prompt(rng.randint(1, 9), 100 * i), max_tokens=rng.randint(1, 14))
+            trace.append((h.step(), [r.request_id for r in h.last.preempted],
+                          [(r.request_id, list(r.block_ids)) for r in h.sched.running]))
+        h.run(max_steps=500)
+        h.assert_no_leaks()
+        return trace
+
+    fast = run()
+    calls = []
+
+    def general(self: Scheduler, decodes: list[Request], budget, out: SchedulerOutput) -> None:
+        calls.append(len(decodes))
+        self._schedule_in_order(decodes, len(decodes), budget, out)
+
+    monkeypatch.setattr(Scheduler, "_schedule_decodes", general)
+    assert run() == fast
+    assert calls and any(t[1] for t in fast), "decode-only steps ran, and some preempted"

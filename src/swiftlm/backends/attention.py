@@ -220,16 +220,18 @@ class _DecodeBatch:
             seq_lens += [meta.seq_lens[r] - n + 1 + j for j in range(n)]
             starts += range(qs[r], qs[r + 1])
         device = meta.block_tables.device  # the step's device: no host tensor meets a device one
-        lens = torch.tensor(seq_lens, device=device)
+        # decode rows alone: one query row per request, in order (query_start is 0, 1, ..., R)
+        whole = not meta.prefill_rows and qs[-1] == len(idx)
+        lens = meta.seq_lens_tensor if whole and meta.seq_lens_tensor is not None else torch.tensor(seq_lens, device=device)
         max_blocks = (max(seq_lens) + block_size - 1) // block_size
-        whole = not meta.prefill_rows and starts == list(range(len(idx)))
         # the whole batch in order: the step's table as it is (no index copy)
         tables = meta.block_tables[:, :max_blocks] if whole else meta.block_tables[idx, :max_blocks]
         mask = None
         if kernel is None:
             keys = torch.arange(max_blocks * block_size, device=device)
             mask = (keys.unsqueeze(0) < lens.unsqueeze(1)).view(len(idx), 1, 1, -1)
-        return cls(rows=torch.tensor(starts, device=device), block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
+        rows = torch.arange(len(idx), device=device) if whole else torch.tensor(starts, device=device)
+        return cls(rows=rows, block_tables=tables.contiguous(), seq_lens=lens, mask=mask,
                    kernel=kernel, whole_batch=whole, chunk_rows=frozenset(chunks))
 
     def attend(self, q: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:

@@ -95,6 +95,21 @@ class Backend(ABC):
         the caller checks and samples as usual."""
         return None
 
+    @property
+    def draws_tokens(self) -> bool:
+        """Whether ``draw_tokens`` has a kernel here (the caller builds its inputs only then)."""
+        return False
+
+    def draw_tokens(
+        self, logits: torch.Tensor, temperature: torch.Tensor, log_min_p: torch.Tensor, uniform: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """logits [B, V] float32 -> (one token per row [B] int64, whether the row's logits are all
+        finite [B] bool) in one pass, where this device has a kernel for it: rows whose
+        ``temperature`` [B] is 0 take the argmax, the others one draw after temperature and min-p
+        (``log_min_p`` [B], -inf: none) from their ``uniform`` [B], as
+        ``swiftlm.runner.sampler.sample_on_device``. None: the caller draws with torch."""
+        return None
+
     def step_launched(self) -> Any:
         """Called when a step's work has been given to the device: something whose ``synchronize()``
         waits for that work (a CUDA event), or None where the work is done when the call returns."""

@@ -78,6 +78,15 @@ class FixedTimeBackend(Backend):
     def greedy_pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return self.inner.greedy_pick(logits)
 
+    @property
+    def draws_tokens(self) -> bool:
+        return self.inner.draws_tokens
+
+    def draw_tokens(
+        self, logits: torch.Tensor, temperature: torch.Tensor, log_min_p: torch.Tensor, uniform: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.inner.draw_tokens(logits, temperature, log_min_p, uniform)
+
     def activation_bytes(self, model: DecoderForCausalLM, block_size: int, max_rows: int, head_rows: int) -> int | None:
         return self.inner.activation_bytes(model, block_size, max_rows, head_rows)
 

@@ -19,3 +19,4 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [R, max_blocks] int64, padded with the null block 0
     decode_rows: list[int]  # requests with exactly one query token (batched together)
     prefill_rows: list[int]  # requests with several query tokens
+    seq_lens_tensor: torch.Tensor | None = None  # [R] int64 ``seq_lens`` on the step's device, where built already

@@ -23,7 +23,13 @@ from swiftlm.core.outputs import RequestOutput, SequenceStop
 from swiftlm.core.request import FinishReason, Request, RequestStatus
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.engine.heap import settle_heap
-from swiftlm.engine.live_requests import LiveRequest, LiveRequests, needs_host_tokens, plain_greedy
+from swiftlm.engine.live_requests import (
+    LiveRequest,
+    LiveRequests,
+    needs_host_tokens,
+    plain_draw,
+    plain_greedy,
+)
 from swiftlm.engine.reports import EngineStats, KvReport, kv_report
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
@@ -184,7 +190,7 @@ class Engine:
         # watches its text for them and stops it (``stop_sequence``)
         live = LiveRequest(request_id, prompt, ids, children, request.final_only,
                            needs_host_tokens=needs_host_tokens(params, budgeted),
-                           plain_greedy=plain_greedy(params, budgeted))
+                           plain_greedy=plain_greedy(params, budgeted), plain_draw=plain_draw(params, budgeted))
         self.live.add(live, stream_final_only=request.final_only and not params.stop)
 
     def validate(self, ids: Sequence[int], params: SamplingParams) -> None:
@@ -312,7 +318,10 @@ class Engine:
         inputs = self.runner.step_inputs(plan, previous.rows_of if previous is not None else None)
         decode_only = self.speculator is not None and all(
             s.request.num_computed_tokens == s.request.num_tokens - 1 for s in plan.scheduled)
-        plain = self.live.num_other_than_greedy == 0 and self.speculator is None  # every row the plain argmax
+        # plain steps: every row the plain argmax (greedy), or that or a draw at its temperature (drawn)
+        greedy = self.live.num_other_than_greedy == 0 and self.speculator is None
+        drawn = not greedy and self.live.num_other_than_drawn == 0 and self.speculator is None
+        plain = greedy or drawn
         sampling: list[Request] = []  # plain steps: the requests whose rows ``PlainRows`` builds when read
         rows: list[SamplingRow] | PlainRows = PlainRows(sampling) if plain else []
         samples: list[bool] = []
@@ -341,7 +350,7 @@ class Engine:
             r.num_inflight += n
             r.num_pending += sample
             epochs.append(metrics.num_preemptions)
-        prepared = PreparedStep(inputs, rows, len(plan.scheduled), plain or None)
+        prepared = PreparedStep(inputs, rows, len(plan.scheduled), greedy or None, drawn)
         copies = list(self.kv.pending_copies)  # prefix hits that end inside a cached block
         self.kv.copies_done()  # the device copies them before any later step can reuse the sources
         self._num_steps += 1
@@ -392,7 +401,23 @@ class Engine:
         finished = RequestStatus.FINISHED
         epochs, samples, failed = launched.epochs, launched.samples, results.failed
         full = self.kv.block_size
-        for i, (s, result) in enumerate(zip(plan.scheduled, results.sampled, strict=True)):
+        if results.plain and not results.prompt_logprobs and self.speculator is None:
+            # every request sampled one token, no logprobs, none failed, no drafts: most steps
+            append = self._append
+            for s, token, epoch, sample in zip(plan.scheduled, results.row_tokens, epochs, samples, strict=True):
+                request = s.request
+                if request.status is finished:
+                    continue  # it ended after this step was launched
+                if request.metrics.num_preemptions == epoch:  # as below
+                    request.num_inflight -= s.num_new_tokens
+                    if request.num_computed_tokens - request.num_inflight >= (request.num_registered_blocks + 1) * full:
+                        self.kv.register_computed(request)
+                request.num_pending -= sample
+                if append(request, token, None, now):
+                    touched.append(request)
+            return touched
+        sampled = [SampledToken(t, None) for t in results.row_tokens] if results.plain else results.sampled
+        for i, (s, result) in enumerate(zip(plan.scheduled, sampled, strict=True)):
             request = s.request
             if request.status is finished:
                 continue  # it ended after this step was launched: what the step computed for it is dropped
@@ -417,7 +442,7 @@ class Engine:
                     self._append_verified(request, s.draft_token_ids, [result, *results.draft_samples[i]], now,
                                           len(plan.scheduled))
                     touched.append(request)
-                elif self._append(request, result, now):  # else a whole answer still running: nothing to say
+                elif self._append(request, result.token_id, result.logprobs, now):  # else a whole answer still running
                     touched.append(request)
             elif (request.sampling_params.max_tokens == 0
                   and request.num_confirmed_tokens >= request.num_tokens):
@@ -455,17 +480,16 @@ class Engine:
         overwritten later), so no block holding an unverified token is ever keyed."""
         assert self.speculator is not None
         accepted = self.speculator.verify(request, drafts, [t.token_id for t in sampled], batch)
-        self._append(request, sampled[0], now)
+        self._append(request, sampled[0].token_id, sampled[0].logprobs, now)
         for result in sampled[1 : accepted + 1]:
             if request.is_finished:
                 break
             request.num_computed_tokens += 1  # the accepted draft before ``result``: its KV is valid
             self.kv.register_computed(request)
-            self._append(request, result, now)
+            self._append(request, result.token_id, result.logprobs, now)
 
-    def _append(self, request: Request, result: SampledToken, now: float) -> bool:
+    def _append(self, request: Request, token: int, logprobs: dict[int, float] | None, now: float) -> bool:
         """Append a sampled token, end the request where it stops; whether it has news to report."""
-        token = result.token_id
         grammar = request.grammar
         constrained = grammar is not None and request.grammar_active
         output = request.output_token_ids
@@ -482,9 +506,9 @@ class Engine:
                 request.grammar_start = len(output) + len(request.forced_tokens)
         stream = self.live.stream(request)
         stream.new_token_ids.append(token)
-        if result.logprobs is not None:
-            stream.new_logprobs.append(result.logprobs)
-            request.cumulative_logprob += result.logprobs[token]
+        if logprobs is not None:
+            stream.new_logprobs.append(logprobs)
+            request.cumulative_logprob += logprobs[token]
         params = request.sampling_params
         if token in request.eos_token_ids and len(output) > params.min_tokens:
             request.stop_reason = token

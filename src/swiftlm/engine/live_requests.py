@@ -39,6 +39,7 @@ class LiveRequest:
     prompt_logprobs_sent: bool = False
     needs_host_tokens: bool = False  # its steps run serially (``needs_host_tokens``)
     plain_greedy: bool = False  # every token is the plain argmax (``plain_greedy``)
+    plain_draw: bool = False  # every token the argmax or a draw at its temperature (``plain_draw``)
 
 
 class LiveRequests:
@@ -47,6 +48,7 @@ class LiveRequests:
         self._streams: dict[int, OutputStream] = {}  # id(sequence) -> its stream
         self.num_serial = 0  # live requests whose steps must run serially
         self.num_other_than_greedy = 0  # live requests not plain greedy
+        self.num_other_than_drawn = 0  # live requests not plain greedy or plain drawn
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -71,6 +73,7 @@ class LiveRequests:
             self._streams[id(child)] = OutputStream(child, live.request_id, final_only=stream_final_only)
         self.num_serial += live.needs_host_tokens
         self.num_other_than_greedy += not live.plain_greedy
+        self.num_other_than_drawn += not live.plain_draw
 
     def stream(self, sequence: Request) -> OutputStream:
         return self._streams[id(sequence)]
@@ -138,6 +141,7 @@ class LiveRequests:
         del self._requests[live.request_id]
         self.num_serial -= live.needs_host_tokens
         self.num_other_than_greedy -= not live.plain_greedy
+        self.num_other_than_drawn -= not live.plain_draw
         for c in live.children:
             self._streams.pop(id(c), None)
 
@@ -146,6 +150,16 @@ def plain_greedy(params: SamplingParams, budgeted: bool) -> bool:
     """Whether every token of a request is its logits' plain argmax (``runner.sampler.plain_greedy``
     for all its steps): greedy, and nothing that bans, forces, biases, penalises or reports."""
     return (params.greedy and not params.logit_bias and params.logprobs is None and params.min_tokens == 0
+            and params.structured_outputs is None and not budgeted and params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+
+
+def plain_draw(params: SamplingParams, budgeted: bool) -> bool:
+    """Whether every token of a request is its logits' argmax (greedy) or one draw after temperature
+    and min-p alone (``runner.sampler.drawn_on_device`` for all its steps, with no top-k or top-p):
+    unseeded, and nothing that bans, forces, biases, penalises, constrains or reports."""
+    return ((params.greedy or (params.seed is None and params.top_k <= 0 and params.top_p >= 1.0))
+            and not params.logit_bias and params.logprobs is None and params.min_tokens == 0
             and params.structured_outputs is None and not budgeted and params.repetition_penalty == 1.0
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
 

@@ -151,12 +151,20 @@ class Scheduler:
                 prefills.append(r)
             else:
                 decodes.append(r)
+        if not background and not prefills:
+            self._schedule_decodes(decodes, budget, out)
+            return
         if background:
             background.sort(key=lambda r: r.is_prefilling)  # stable: decodes first, admission order kept
             order = decodes + prefills + background
         else:
-            order = decodes + prefills if prefills else decodes
+            order = decodes + prefills
         decodes_left = len(decodes) + sum(1 for r in background if not r.is_prefilling)  # each keeps a budget token
+        self._schedule_in_order(order, decodes_left, budget, out)
+
+    def _schedule_in_order(self, order: list[Request], decodes_left: int, budget: _Budget, out: SchedulerOutput) -> None:
+        """Schedule running requests in ``order`` while the budget lasts; ``decodes_left``: how many
+        of them decode (each keeps a budget token while drafts are sized)."""
         block_size = self.kv.block_size
         running = RequestStatus.RUNNING
         scheduled = out.scheduled
@@ -178,17 +186,50 @@ class Scheduler:
             decodes_left -= left <= 1
             drafts = self._drafts(request, limit - n - decodes_left) if request.draft_token_ids else ()
             if not drafts and (computed + n + block_size - 1) // block_size > len(request.block_ids):
-                while not self.kv.allocate_slots(request, n):  # it needs a block: free one, or preempt
-                    victim = self._victim(scheduled)
-                    self._preempt(victim, out)
-                    if victim is request:
-                        break
+                self._allocate(request, n, out)  # it needs a block: free one, or preempt
             if request.status is running:
                 scheduled.append(ScheduledRequest(request, n, drafts))
                 if request.background:
                     budget.spend(request, n + len(drafts))
                 else:
                     budget.total -= n + len(drafts)
+
+    def _schedule_decodes(self, decodes: list[Request], budget: _Budget, out: SchedulerOutput) -> None:
+        """``_schedule_running`` for a step of interactive decodes alone (most steps): the same choices,
+        without the branches for prefill chunks and background shares. A decode computes its one
+        token left (none while a launched step's token is still pending past its limit)."""
+        block_size = self.kv.block_size
+        running = RequestStatus.RUNNING
+        scheduled = out.scheduled
+        total = budget.total
+        decodes_left = len(decodes)  # each keeps a budget token for itself
+        for request in decodes:
+            if total == 0:
+                break
+            if request.status is not running:
+                continue  # preempted earlier in this loop
+            decodes_left -= 1
+            num_tokens = len(request.all_token_ids) + request.num_pending
+            if request.num_pending and num_tokens >= request.token_limit:
+                continue  # the token a launched step is sampling ends it (overlapped steps)
+            computed = request.num_computed_tokens
+            n = num_tokens - computed  # 0 or 1, and total >= 1
+            drafts = self._drafts(request, total - n - decodes_left) if request.draft_token_ids else ()
+            if not drafts and (computed + n + block_size - 1) // block_size > len(request.block_ids):
+                self._allocate(request, n, out)  # it needs a block: free one, or preempt
+            if request.status is running:
+                scheduled.append(ScheduledRequest(request, n, drafts))
+                total -= n + len(drafts)
+        budget.total = total
+
+    def _allocate(self, request: Request, n: int, out: SchedulerOutput) -> None:
+        """Blocks for ``request``'s ``n`` new tokens, preempting (``_victim``) until they fit or the
+        request itself gives way."""
+        while not self.kv.allocate_slots(request, n):
+            victim = self._victim(out.scheduled)
+            self._preempt(victim, out)
+            if victim is request:
+                break
 
     def _drafts(self, request: Request, room: int) -> tuple[int, ...]:
         """The draft tokens a decoding request computes this step: its proposal, cut to ``room``

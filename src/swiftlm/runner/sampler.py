@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from swiftlm.runner.grammar_rows import (
@@ -40,6 +41,7 @@ from swiftlm.runner.structured import (
     grammar_penalty,
 )
 from swiftlm.runner.token_draw import apply_min_p, column, draw, rows_of, sample_rows
+from swiftlm.sampling import SamplingParams
 
 _SPARSE_MASK_WORDS = (
     1024  # a refused greedy row whose mask has at most this many nonzero words unpacks only those
@@ -163,6 +165,24 @@ def sample_on_device(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     wait = x.device.type == "cpu"  # a CPU's values are on the host already: the check costs nothing there
     tokens[torch.tensor(sampled, device=x.device)] = draw(values, sub, wait=wait)
     return tokens
+
+
+def draw_columns(params: Sequence[SamplingParams], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the rows' ``params``, rows that ``drawn_on_device`` allows, what ``Backend.draw_tokens``
+    reads: temperature [B] (0: greedy), log(min_p) [B] (-inf: none) and one uniform [B] per sampled
+    row, drawn from torch's default generator in row order as ``sample_on_device`` draws them
+    (greedy rows: 0)."""
+    temperatures = [0.0 if p.greedy else p.temperature for p in params]
+    temperature = torch.from_numpy(np.array(temperatures, dtype=np.float32))  # numpy: ~5x faster than a list
+    log_min_p = torch.from_numpy(np.array([p.min_p for p in params], dtype=np.float32)).log()
+    sampled = [i for i, t in enumerate(temperatures) if t != 0.0]
+    if len(sampled) == len(params):
+        uniform = torch.rand(len(params), dtype=torch.float32)
+    else:
+        uniform = torch.zeros(len(params), dtype=torch.float32)
+        if sampled:
+            uniform[torch.tensor(sampled)] = torch.rand(len(sampled), dtype=torch.float32)
+    return temperature.to(device), log_min_p.to(device), uniform.to(device)
 
 
 def _enforce_grammars(

@@ -38,9 +38,10 @@ class SamplingRow:
 
 class PlainRows(Sequence[SamplingRow]):
     """The rows of requests that sample as they stand (nothing banned, forced or constrained: a
-    step where every live request is plain greedy), built only if read: such a step's tokens are
-    mostly picked without reading its rows (``Backend.greedy_pick``). ``requests``: the sampling
-    requests in row order (the list may be filled after this is made)."""
+    step where every live request is plain greedy or plain drawn), built only if read: such a
+    step's tokens are mostly chosen without reading its rows (``Backend.greedy_pick``,
+    ``Backend.draw_tokens``). ``requests``: the sampling requests in row order (the list may be
+    filled after this is made)."""
 
     __slots__ = ("_requests",)
 
@@ -49,6 +50,10 @@ class PlainRows(Sequence[SamplingRow]):
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def params(self) -> list[SamplingParams]:
+        """Each row's sampling parameters, without building the rows."""
+        return [r.sampling_params for r in self._requests]
 
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):

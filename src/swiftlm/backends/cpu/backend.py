@@ -219,6 +219,18 @@ class CpuBackend(Backend):
             return None
         return ops.greedy_pick(logits)
 
+    @property
+    def draws_tokens(self) -> bool:
+        return self.kernels.token_draw is not None
+
+    def draw_tokens(
+        self, logits: torch.Tensor, temperature: torch.Tensor, log_min_p: torch.Tensor, uniform: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        op = self.kernels.token_draw
+        if op is None or logits.dtype != torch.float32:
+            return None
+        return op(logits, temperature, log_min_p, uniform)
+
     def warm_up(self, model: DecoderForCausalLM, max_rows: int, head_rows: int) -> str | None:
         t0 = time.perf_counter()
         runs = warm_row_buckets(model, max_rows, head_rows, model.model.embed_tokens.weight.dtype)

@@ -21,11 +21,12 @@ from swiftlm.backends.cpu.kernels.fused_cpu import FusedOps, load_fused_ops
 from swiftlm.backends.cpu.kernels.gemm_cpu import BF16Gemm, load_bf16_gemm
 from swiftlm.backends.cpu.kernels.prefill_attention_cpu import PagedPrefillAttention, load_prefill_attention
 from swiftlm.backends.cpu.kernels.quant_cpu import load_quant_kernels
+from swiftlm.backends.cpu.kernels.token_draw_cpu import DrawTokens, load_token_draw
 from swiftlm.backends.quant_ops import QuantOps
 from swiftlm.platform import cpu_flags
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KERNELS = ("fused_ops", "gemv", "gemm", "amx", "attention", "prefill_attention", "decode_layers", "quant")
+KERNELS = ("fused_ops", "gemv", "gemm", "amx", "attention", "prefill_attention", "decode_layers", "quant", "token_draw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class CpuKernels:
     prefill_attention: PagedPrefillAttention | None = None  # paged prefill (flash) attention, AVX-512 or AVX2
     decode_layers: Callable[..., torch.Tensor] | None = None  # every layer of a decode step in C++
     quant: QuantOps | None = None  # int8 / int4 GEMVs, AVX512-VNNI
+    token_draw: DrawTokens | None = None  # a step's tokens from its logits (kernels/token_draw_cpu.cpp)
     missing: dict[str, str] = field(default_factory=dict)  # kernel -> why it is not here
 
     def __deepcopy__(self, memo: dict) -> CpuKernels:
@@ -75,5 +77,7 @@ class CpuKernels:
         prefill = take("prefill_attention", load_prefill_attention)
         decode = take("decode_layers", load_decode_layers)
         quant = take("quant", load_quant_kernels)
+        token_draw = take("token_draw", load_token_draw)
         return cls(fused_ops=fused, gemv=gemv, gemm=gemm, amx=amx,
-                   attention=attention, prefill_attention=prefill, decode_layers=decode, quant=quant, missing=missing)
+                   attention=attention, prefill_attention=prefill, decode_layers=decode, quant=quant,
+                   token_draw=token_draw, missing=missing)

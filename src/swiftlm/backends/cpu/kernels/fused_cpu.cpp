@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "fused_rows.h"
+#include "row_scan.h"  // scan_row, find_value
 
 #include <algorithm>
 #include <cmath>
@@ -157,29 +158,6 @@ at::Tensor silu_mul(const at::Tensor& gate_up_in) {
   return out;
 }
 
-// One row of greedy_pick: its largest value (NaN never wins a comparison), and whether all values
-// are finite: z sums x * 0, which is 0 for finite x and NaN for an infinite or NaN one. Fixed lanes,
-// so that the compiler keeps them in vector registers.
-inline float row_max(const float* x, int64_t v, bool* finite) {
-  constexpr int64_t kL = 16;
-  float m[kL], z[kL];
-  for (int64_t j = 0; j < kL; ++j) m[j] = -std::numeric_limits<float>::infinity(), z[j] = 0.0f;
-  int64_t i = 0;
-  for (; i + kL <= v; i += kL)
-    for (int64_t j = 0; j < kL; ++j) {
-      m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-      z[j] += x[i + j] * 0.0f;
-    }
-  for (; i < v; ++i) {
-    m[0] = x[i] > m[0] ? x[i] : m[0];
-    z[0] += x[i] * 0.0f;
-  }
-  float mx = m[0], zs = z[0];
-  for (int64_t j = 1; j < kL; ++j) mx = m[j] > mx ? m[j] : mx, zs += z[j];
-  *finite = zs == 0.0f;
-  return mx;
-}
-
 std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits_in) {
   TORCH_CHECK(logits_in.dim() == 2 && logits_in.scalar_type() == at::kFloat && logits_in.size(1) > 0,
               "swiftlm_fused.greedy_pick: logits must be float32 [B, V], V > 0, got ", logits_in.scalar_type(), " ",
@@ -194,10 +172,9 @@ std::tuple<at::Tensor, at::Tensor> greedy_pick(const at::Tensor& logits_in) {
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = xp + r * v;
-      const float mx = row_max(row, v, fp + r);
-      int64_t id = 0;  // the first id holding the maximum (none when every value is NaN)
-      while (id < v && row[id] != mx) ++id;
-      ip[r] = id < v ? id : 0;
+      const float mx = swiftlm_rows_scan::scan_row(row, v, 1.0f, nullptr, fp + r);
+      const int64_t id = swiftlm_rows_scan::find_value(row, v, mx);  // the first holding the maximum
+      ip[r] = id < 0 ? 0 : id;  // none when every value is NaN
     }
   });
   return {ids, finite};
