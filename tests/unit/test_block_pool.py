@@ -171,3 +171,16 @@ def test_check_integrity_catches_a_corrupted_pool() -> None:
     pool._ref_counts[1] = 0  # a reference lost without joining the free queue
     with pytest.raises(AssertionError, match="ref/free mismatch"):
         pool.check_integrity()
+
+
+def test_a_keys_hash_is_the_sha256_of_its_parent_and_int64_ids() -> None:
+    import hashlib
+    from array import array
+
+    tokens = (0, 1, 151935, 2**40, 7)
+    first = BlockKey.of(None, tokens)
+    assert first.hash == int.from_bytes(hashlib.sha256(b"\0" + array("q", tokens).tobytes()).digest(), "little")
+    second = BlockKey.of(first.hash, tokens[:3])
+    head = b"\1" + first.hash.to_bytes(32, "little")
+    assert second.hash == int.from_bytes(hashlib.sha256(head + array("q", tokens[:3]).tobytes()).digest(), "little")
+    assert (second.parent, second.token_ids) == (first.hash, tokens[:3])
