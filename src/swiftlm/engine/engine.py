@@ -29,8 +29,9 @@ from swiftlm.engine.live_requests import (
     needs_host_tokens,
     plain_draw,
     plain_greedy,
+    sampling_row,
 )
-from swiftlm.engine.reports import EngineStats, KvReport, kv_report
+from swiftlm.engine.reports import EngineStats, KvReport, engine_stats, kv_report
 from swiftlm.engine.scheduler import Scheduler
 from swiftlm.engine.speculation import Speculator
 from swiftlm.engine.step_launch import DeviceThread, LaunchedStep, StepEvent
@@ -256,21 +257,9 @@ class Engine:
         return bool(self.live) or self._launched is not None
 
     def stats(self) -> EngineStats:
-        spec = self.speculator.stats if self.speculator is not None else None
-        return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=self.kv.usage, num_sessions=len(self.kv.sessions),
-            prefix_cache_queries=self.kv.prefix_cache.queries, prefix_cache_hits=self.kv.prefix_cache.hits,
-            num_preemptions=self.scheduler.num_preemptions,
-            num_aborted=self.num_aborted,
-            num_failed_steps=self.num_failed_steps,
-            num_failed_rows=self.num_failed_rows,
-            healthy=self.fatal_error is None,
-            spec_num_drafts=spec.num_drafts if spec else 0,
-            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
-            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
-            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
-        )
+        return engine_stats(self.scheduler, self.kv, self.speculator, num_aborted=self.num_aborted,
+                            num_failed_steps=self.num_failed_steps, num_failed_rows=self.num_failed_rows,
+                            healthy=self.fatal_error is None)
 
     def kv_report(self) -> KvReport:
         """Check the KV pool's bookkeeping and account for every block (soak runs, admin)."""
@@ -339,7 +328,7 @@ class Engine:
                 if plain:  # nothing to ban, force or constrain: the row is its request's as it stands
                     sampling.append(r)
                 else:
-                    rows.append(self._sampling_row(r))
+                    rows.append(sampling_row(r))
                     if s.draft_token_ids and self.speculator is not None:
                         rows.extend(self.speculator.draft_rows(r, rows[-1], s.draft_token_ids))
             metrics = r.metrics
@@ -453,23 +442,6 @@ class Engine:
     def _event(self, kind: str, index: int) -> None:
         if self.on_step_event is not None:
             self.on_step_event(kind, index, time.perf_counter())
-
-    def _sampling_row(self, request: Request) -> SamplingRow:
-        params = request.sampling_params
-        banned: tuple[int, ...] = ()
-        constrained = request.grammar_active
-        if request.num_output_tokens + request.num_pending < params.min_tokens and not constrained:  # the grammar says when to end
-            banned = tuple(request.eos_token_ids)
-        if request.thinking and not request.thinking_closed and not request.forced_tokens:
-            budget = params.thinking_budget or 0
-            if request.num_output_tokens >= budget:
-                opened = request.num_output_tokens > 0
-                request.forced_tokens.extend(request.think_end_ids if opened else
-                                             (*request.think_start_ids, *request.think_end_ids))
-        forced = request.forced_tokens.popleft() if request.forced_tokens else None
-        return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, request.generator,
-                           banned_token_ids=banned, forced_token_id=forced,
-                           grammar=request.grammar if constrained and forced is None else None)
 
     def _append_verified(
         self, request: Request, drafts: tuple[int, ...], sampled: list[SampledToken], now: float, batch: int

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from swiftlm.core.outputs import CompletionOutput, RequestOutput
 from swiftlm.core.request import Request
+from swiftlm.runner.sampling_row import SamplingRow
 from swiftlm.sampling import SamplingParams
 
 
@@ -172,3 +173,25 @@ def needs_host_tokens(params: SamplingParams, budgeted: bool) -> bool:
     return (params.structured_outputs is not None or budgeted or params.prompt_logprobs is not None
             or params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0)
+
+
+def sampling_row(request: Request) -> SamplingRow:
+    """A live request's sampling row at this step: EOS banned until ``min_tokens`` (unless a grammar
+    decides the end), the end of thinking forced once a thinking budget is spent (its start too if
+    nothing was thought), the grammar while no token is forced."""
+    params = request.sampling_params
+    banned: tuple[int, ...] = ()
+    constrained = request.grammar_active
+    if request.num_output_tokens + request.num_pending < params.min_tokens and not constrained:  # the grammar says when to end
+        banned = tuple(request.eos_token_ids)
+    if request.thinking and not request.thinking_closed and not request.forced_tokens:
+        budget = params.thinking_budget or 0
+        if request.num_output_tokens >= budget:
+            opened = request.num_output_tokens > 0
+            request.forced_tokens.extend(request.think_end_ids if opened else
+                                         (*request.think_start_ids, *request.think_end_ids))
+    forced = request.forced_tokens.popleft() if request.forced_tokens else None
+    return SamplingRow(params, request.prompt_token_ids, request.output_token_ids, request.generator,
+                       banned_token_ids=banned, forced_token_id=forced,
+                       grammar=request.grammar if constrained and forced is None else None)
+

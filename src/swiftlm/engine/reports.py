@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from swiftlm.cache.block_pool import NULL_BLOCK
 from swiftlm.cache.kv_manager import KVCacheManager
 from swiftlm.core.request import Request
+from swiftlm.engine.scheduler import Scheduler
+from swiftlm.engine.speculation import Speculator
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,4 +61,26 @@ def kv_report(kv: KVCacheManager, live: list[Request]) -> KvReport:
         blocks_usable=pool.num_usable_blocks, blocks_free=pool.num_free_blocks,
         blocks_in_sessions=len(pinned), live_requests=len(live),
         leaked_blocks=pool.num_usable_blocks - pool.num_free_blocks - len(owned - {NULL_BLOCK}), error=error,
+    )
+
+
+def engine_stats(
+    scheduler: Scheduler, kv: KVCacheManager, speculator: Speculator | None, *, num_aborted: int,
+    num_failed_steps: int, num_failed_rows: int, healthy: bool,
+) -> EngineStats:
+    """The engine's counters now (``Engine.stats``), from its parts."""
+    spec = speculator.stats if speculator is not None else None
+    return EngineStats(
+        num_running=len(scheduler.running), num_waiting=len(scheduler.waiting),
+        kv_cache_usage=kv.usage, num_sessions=len(kv.sessions),
+        prefix_cache_queries=kv.prefix_cache.queries, prefix_cache_hits=kv.prefix_cache.hits,
+        num_preemptions=scheduler.num_preemptions,
+        num_aborted=num_aborted,
+        num_failed_steps=num_failed_steps,
+        num_failed_rows=num_failed_rows,
+        healthy=healthy,
+        spec_num_drafts=spec.num_drafts if spec else 0,
+        spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+        spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+        spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
     )
