@@ -38,16 +38,23 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
   tar -C "$WORK/rootfs" -c . | "${PODMAN[@]}" import - "$BASE" >/dev/null
 fi
 
-# the host's pip configuration and local indexes, where it has them
-pip_args=()
-mounts=()
-for conf in /etc/pip.conf /etc/xdg/pip; do
-  [ -e "$conf" ] && mounts+=(--volume "$conf:$conf:ro")
-done
+# pip inside the build reads what the host's pip reads: its index options and CA bundle (a proxy's CA
+# may be in it) in a pip.conf of their own, and the local wheel and index directories they name
+pip_index=$(pip config get global.extra-index-url 2>/dev/null || true)
+pip_links=${PIP_FIND_LINKS:-$(pip config get global.find-links 2>/dev/null || true)}
+{
+  echo "[global]"
+  echo "cert = /etc/ssl/host-ca.crt"
+  [ -n "$pip_index" ] && echo "extra-index-url = $pip_index"
+  [ -n "$pip_links" ] && echo "find-links = $pip_links"
+} > "$WORK/pip.conf"
+mounts=(--volume "$WORK/pip.conf:/etc/pip.conf:ro" --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/host-ca.crt:ro)
 for dir in /opt/wheels /opt/pypi /opt/pypi-more; do
   [ -d "$dir" ] && mounts+=(--volume "$dir:$dir:ro")
 done
-[ -f /etc/pip.conf ] && pip_args+=(--build-arg PIP_EXTRA_INDEX_URL="$(pip config get global.extra-index-url 2>/dev/null | cut -d' ' -f1)")
+# torch's CPU wheel: from the host's indexes where it has some (the default is download.pytorch.org)
+pip_args=()
+[ -n "$pip_index" ] && pip_args+=(--build-arg PIP_EXTRA_INDEX_URL="${pip_index%% *}")
 
 log "building $IMAGE on $BASE"
 start=$(date +%s)
@@ -61,12 +68,13 @@ log "run: $IMAGE --port $PORT --served-model-name smol (flags after the image na
 mkdir -p "$WORK/data" && chmod 777 "$WORK/data"  # the image's user (uid 1000) writes there
 "${PODMAN[@]}" run -d --name swiftlm-check --network host -v "$WORK/data:/data" \
   "$IMAGE" --port "$PORT" --served-model-name smol >/dev/null
-for _ in $(seq 1 180); do
+for _ in $(seq 1 450); do  # a first start on a CPU compiles the kernels: minutes
   curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
   sleep 2
 done
 curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { "${PODMAN[@]}" logs swiftlm-check | tail -30; exit 1; }
-log "healthy after $(( $(date +%s) - start )) s from the build's start"
+log "healthy after $(( $(date +%s) - start )) s from the build's start; the engine's plan:"
+"${PODMAN[@]}" logs swiftlm-check 2>&1 | grep -E "engine ready|^  |compiling|unavailable" | grep -v "^time=" | head -20
 
 "$ROOT/.venv/bin/python" - "$PORT" <<'EOF'
 import sys

@@ -64,7 +64,7 @@ class CpuKernels:
                 return None
             op = loader()
             if op is None:
-                missing[name] = f"does not build or run on this CPU ({flags})"
+                missing[name] = f"not loaded: this CPU lacks its instruction set, or its build failed (logged) ({flags})"
             return op
 
         fused = take("fused_ops", load_fused_ops)
