@@ -20,14 +20,20 @@ def _generate(llm: LLM, params: SamplingParams) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
 
 
-def test_greedy_pick_gives_the_samplers_tokens(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _spied(model_dir: Path, monkeypatch: pytest.MonkeyPatch, kernel: str, method: str) -> tuple[LLM, CpuBackend, list]:
+    """An LLM on a CPU backend whose ``method`` records the logits' shape of each call."""
     backend = CpuBackend()
-    if backend.kernels.fused_ops is None:
-        pytest.fail("the fused ops are plain C++ and must build wherever torch extensions do")
-    llm = LLM(str(tiny_model_dir), dtype="float32", backend=backend)
-    calls = []
-    pick = backend.greedy_pick
-    monkeypatch.setattr(backend, "greedy_pick", lambda logits: calls.append(logits.shape) or pick(logits))
+    if getattr(backend.kernels, kernel) is None:
+        pytest.fail(f"{kernel} is plain C++ and must build wherever torch extensions do")
+    llm = LLM(str(model_dir), dtype="float32", backend=backend)
+    calls: list = []
+    inner = getattr(backend, method)
+    monkeypatch.setattr(backend, method, lambda logits, *a: calls.append(logits.shape) or inner(logits, *a))
+    return llm, backend, calls
+
+
+def test_greedy_pick_gives_the_samplers_tokens(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm, backend, calls = _spied(tiny_model_dir, monkeypatch, "fused_ops", "greedy_pick")
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     fast = _generate(llm, params)
     assert calls, "plain greedy rows took the one-pass pick"
@@ -40,13 +46,7 @@ def test_token_draw_gives_the_torch_draws_tokens(tiny_model_dir: Path, monkeypat
                                                  min_p: float) -> None:
     """Sampled (unseeded) and greedy rows in one step: from the same torch RNG state, the one-pass
     draw and the torch draw take the same uniforms, and so the same tokens."""
-    backend = CpuBackend()
-    if backend.kernels.token_draw is None:
-        pytest.fail("the token draw is plain C++ and must build wherever torch extensions do")
-    llm = LLM(str(tiny_model_dir), dtype="float32", backend=backend)
-    calls = []
-    drawn = backend.draw_tokens
-    monkeypatch.setattr(backend, "draw_tokens", lambda *a: calls.append(a[0].shape) or drawn(*a))
+    llm, backend, calls = _spied(tiny_model_dir, monkeypatch, "token_draw", "draw_tokens")
     sampled = SamplingParams(temperature=0.9, min_p=min_p, max_tokens=16, ignore_eos=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     prompts = PROMPTS * 3
