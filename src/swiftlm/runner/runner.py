@@ -159,13 +159,15 @@ class ModelRunner:
         plain = step.plain_greedy if step.plain_greedy is not None else plain_greedy(rows)
         # plain greedy rows: every argmax and the finiteness check in one pass, where the backend can
         picked = self.backend.greedy_pick(logits) if plain else None
-        if picked is None and (step.drawn or drawn_on_device(rows, logits.shape[1])):
-            # a row holding NaN or inf is drawn like the others and fails when collected
-            if self.backend.draws_tokens:  # one pass over the logits, where the backend can
-                params = rows.params() if isinstance(rows, PlainRows) else [r.params for r in rows]
-                picked = self.backend.draw_tokens(logits, *draw_columns(params, logits.device))
-            if picked is None:
-                picked = sample_on_device(logits, rows), torch.isfinite(logits.sum(dim=-1))
+        # a row holding NaN or inf is drawn like the others and fails when collected
+        drawable = picked is None and (step.drawn or drawn_on_device(rows, logits.shape[1]))
+        if drawable and self.backend.draws_tokens:  # one pass over the logits, where the backend can
+            params = rows.params() if isinstance(rows, PlainRows) else [r.params for r in rows]
+            picked = self.backend.draw_tokens(logits, *draw_columns(params, logits.device))
+        if picked is None and isinstance(rows, PlainRows):
+            rows = list(rows)  # a PlainRows builds a row on every read: once, for the torch paths' passes
+        if picked is None and drawable:
+            picked = sample_on_device(logits, rows), torch.isfinite(logits.sum(dim=-1))
         if picked is not None:
             run.tokens, run.finite = picked
             if run.tokens.is_cuda:  # to the host behind the step's event: collecting waits for this step only
